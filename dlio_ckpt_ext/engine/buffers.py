@@ -1,0 +1,48 @@
+"""A fixed set of page-aligned buffers, allocated once per rank.
+
+Anonymous mmaps are page aligned, which O_DIRECT needs, and are not touched
+by Python's allocator, so the pool is the only memory that grows with
+chunk_size x depth and nothing grows with the checkpoint size.
+"""
+from __future__ import annotations
+
+import mmap
+
+PAGE = mmap.PAGESIZE
+
+
+class BufferPool:
+    def __init__(self, depth: int, buffer_size: int) -> None:
+        if depth < 1:
+            raise ValueError(f"pool depth must be >= 1, got {depth}")
+        if buffer_size <= 0 or buffer_size % PAGE:
+            raise ValueError(f"buffer size must be a positive multiple of {PAGE}, got {buffer_size}")
+        self.buffer_size = buffer_size
+        self.buffers = [self._allocate() for _ in range(depth)]
+        self._scratch: mmap.mmap | None = None
+
+    def _allocate(self) -> mmap.mmap:
+        buf = mmap.mmap(-1, self.buffer_size)
+        # Touch every page now so first-touch faults land outside timed windows.
+        buf.write(b"\0" * self.buffer_size)
+        buf.seek(0)
+        return buf
+
+    def scratch(self) -> memoryview:
+        """One extra buffer, outside the queues, for regenerating expected data."""
+        if self._scratch is None:
+            self._scratch = self._allocate()
+        return memoryview(self._scratch)
+
+    @property
+    def depth(self) -> int:
+        return len(self.buffers)
+
+    @property
+    def nbytes(self) -> int:
+        return self.depth * self.buffer_size
+
+    def close(self) -> None:
+        for buf in self.buffers + ([self._scratch] if self._scratch else []):
+            buf.close()
+        self.buffers, self._scratch = [], None

@@ -1,0 +1,155 @@
+"""Save and load one file as a stream through the buffer pool."""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import time
+from typing import Optional
+
+import numpy as np
+
+from dlio_ckpt_ext.engine import pipeline
+from dlio_ckpt_ext.engine.buffers import BufferPool
+from dlio_ckpt_ext.engine.content import ContentSpec, generator
+from dlio_ckpt_ext.engine.pipeline import Chunk
+from dlio_ckpt_ext.engine.profile import FileStats
+from dlio_ckpt_ext.errors import StorageError, VerificationError
+from dlio_ckpt_ext.storage.base import Backend
+
+
+_libc = ctypes.CDLL(ctypes.util.find_library("c"))
+_libc.memcmp.argtypes = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)
+
+
+def _first_difference(a: memoryview, b: memoryview) -> int:
+    """Offset of the first differing byte of two equal-length buffers, or -1.
+
+    memcmp (GIL released, memory speed) for the common equal case; memoryview
+    equality goes element by element and would dominate the load phase.
+    """
+    n = len(a)
+    pa = ctypes.addressof(ctypes.c_char.from_buffer(a))
+    pb = ctypes.addressof(ctypes.c_char.from_buffer(b))
+    if _libc.memcmp(pa, pb, n) == 0:
+        return -1
+    diff = np.frombuffer(a, dtype=np.uint8) != np.frombuffer(b, dtype=np.uint8)
+    return int(np.argmax(diff))
+
+
+def _record(stats: FileStats, chunks: list[Chunk], fill_is_producer: bool) -> None:
+    for c in chunks:
+        fill, io = (c.produce_s, c.consume_s) if fill_is_producer else (c.consume_s, c.produce_s)
+        stats.fill_s += fill
+        stats.io_s += io
+        stats.wait_free_s += c.wait_free_s
+        stats.wait_filled_s += c.wait_filled_s
+        if fill > io:
+            stats.chunks_fill_bound += 1
+        else:
+            stats.chunks_io_bound += 1
+        stats.chunks.append([c.offset, c.nbytes, fill, io, c.wait_free_s, c.wait_filled_s])
+
+
+def save_file(backend: Backend, path: str, size: int, content: ContentSpec, pool: BufferPool,
+              gen_threads: int = 1) -> FileStats:
+    """Generate `size` bytes of `content` and write them to `path`.
+
+    On any failure the partial file is removed (Writer.abort) before the
+    error propagates.
+    """
+    stats = FileStats(name=path, nbytes=size, start=time.time())
+    writer = backend.open_writer(path, size)
+    try:
+        gen = generator(content, size, threads=gen_threads, chunk_size=pool.buffer_size) if size else None
+        next_offset = 0
+
+        def fill(buf: memoryview) -> Optional[Chunk]:
+            nonlocal next_offset
+            if next_offset >= size:
+                return None
+            n = min(pool.buffer_size, size - next_offset)
+            got = gen.fill_chunk(buf[:n])
+            if got != n:
+                raise RuntimeError(f"dgen-py filled {got} bytes instead of {n} at offset "
+                                   f"{next_offset} of {backend.uri(path)}")
+            chunk = Chunk(next_offset, n)
+            next_offset += n
+            return chunk
+
+        chunks = pipeline.run(pool, [fill], lambda c: writer.write(c.buffer[:c.nbytes]))
+        t0 = time.perf_counter()
+        writer.close()
+        stats.close_s = time.perf_counter() - t0
+    except BaseException:
+        writer.abort()
+        raise
+    stats.end = time.time()
+    _record(stats, chunks, fill_is_producer=True)
+    return stats
+
+
+def _ranges(size: int, chunk: int, parallelism: int) -> list[tuple[int, int]]:
+    """Split [0, size) into up to `parallelism` contiguous chunk-aligned ranges."""
+    nchunks = -(-size // chunk)
+    per = -(-nchunks // max(1, parallelism))
+    return [(start, min(size, start + per * chunk)) for start in range(0, size, per * chunk)]
+
+
+def load_file(backend: Backend, path: str, size: int, pool: BufferPool,
+              content: Optional[ContentSpec] = None, parallelism: int = 1,
+              gen_threads: int = 1) -> FileStats:
+    """Read `path` back; with `content`, compare every byte with the regenerated data.
+
+    A missing file, a size other than `size`, or any differing byte raises an
+    error naming the file (and the offset of the first difference).
+    """
+    try:
+        reader = backend.open_reader(path)
+    except FileNotFoundError as exc:
+        raise StorageError(f"missing checkpoint file {backend.uri(path)}") from exc
+    stats = FileStats(name=path, nbytes=size, start=time.time())
+    try:
+        if reader.size != size:
+            raise VerificationError(f"{backend.uri(path)} has {reader.size} bytes, expected {size}")
+        ranges = _ranges(size, pool.buffer_size, parallelism)
+        if content is not None and len(ranges) > 1 and not content.seekable:
+            raise ValueError("parallel verified reads need dedup_ratio = compress_ratio = 1")
+
+        def range_reader(start: int, end: int):
+            offset = start
+
+            def read(buf: memoryview) -> Optional[Chunk]:
+                nonlocal offset
+                if offset >= end:
+                    return None
+                want = min(pool.buffer_size, end - offset)
+                got = reader.readinto(offset, buf, want)
+                if got != want:
+                    raise VerificationError(f"{backend.uri(path)} ended at byte {offset + got}, "
+                                            f"expected {size} bytes")
+                chunk = Chunk(offset, want)
+                offset += want
+                return chunk
+            return read
+
+        gens: dict[int, object] = {}
+        expected = pool.scratch() if content is not None else None
+
+        def verify(c: Chunk) -> None:
+            start, end = next(r for r in ranges if r[0] <= c.offset < r[1])
+            if start not in gens:
+                gens[start] = generator(content, end - start, offset=start, threads=gen_threads,
+                                        chunk_size=pool.buffer_size)
+            gens[start].fill_chunk(expected[:c.nbytes])
+            first = _first_difference(c.buffer[:c.nbytes], expected[:c.nbytes])
+            if first >= 0:
+                raise VerificationError(f"{backend.uri(path)} differs from the written data at byte "
+                                        f"offset {c.offset + first}")
+
+        chunks = pipeline.run(pool, [range_reader(s, e) for s, e in ranges],
+                              verify if content is not None else (lambda c: None))
+    finally:
+        reader.close()
+    stats.end = time.time()
+    _record(stats, chunks, fill_is_producer=False)
+    return stats

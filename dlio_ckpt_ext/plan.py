@@ -1,0 +1,199 @@
+"""Shard plan: model shape + parallelism + MPI size -> the files each rank owns.
+
+Reproduces upstream DLIO's transformer sizing (DeepSpeed layout), so that a
+run of ours writes exactly the bytes an upstream DLIO run would, with file
+names that DeepSpeed would use.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dlio_ckpt_ext.errors import ConfigError
+
+DTYPE_BYTES = {"int8": 1, "uint8": 1, "fp16": 2, "bf16": 2, "float16": 2,
+               "bfloat16": 2, "fp32": 4, "float32": 4, "fp64": 8, "float64": 8}
+MODES = ("default", "subset")
+ZERO_STAGES = (0, 1, 2, 3)
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    num_layers: int
+    hidden_size: int
+    ffn_hidden_size: int
+    vocab_size: int
+    num_attention_heads: int
+    num_kv_heads: int
+    model_datatype: str = "fp16"
+    optimizer_datatype: str = "fp32"
+
+
+@dataclass(frozen=True)
+class Parallelism:
+    tensor: int = 1
+    pipeline: int = 1
+    zero_stage: int = 0
+    data: int | None = None  # required in subset mode
+    mode: str = "default"
+
+
+@dataclass(frozen=True)
+class ShardFile:
+    """One file of one checkpoint, relative to the checkpoint directory."""
+    name: str
+    size: int
+    kind: str  # "model" or "optimizer"
+
+
+@dataclass(frozen=True)
+class RankPlan:
+    rank: int
+    dp_rank: int
+    mp_rank: int
+    pp_rank: int
+    tp_rank: int
+    files: tuple[ShardFile, ...]
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(f.size for f in self.files)
+
+
+def _dtype_bytes(key: str, name: str) -> int:
+    try:
+        return DTYPE_BYTES[name]
+    except KeyError:
+        raise ConfigError(key, name, ", ".join(sorted(DTYPE_BYTES))) from None
+
+
+def num_parameters(m: ModelShape) -> int:
+    """Total parameter count N of the model (upstream DLIO's formula)."""
+    h, f, v = m.hidden_size, m.ffn_hidden_size, m.vocab_size
+    dkv = (h // m.num_attention_heads) * m.num_kv_heads
+    per_layer = h + h * (h + 2 * dkv) + h * h + h + 2 * h * f + h * f
+    return 2 * v * h + m.num_layers * per_layer + h
+
+
+def validate(m: ModelShape, p: Parallelism, comm_size: int) -> None:
+    """Raise ConfigError for any shape/parallelism/world size we cannot plan."""
+    for key, val in (("model.num_layers", m.num_layers), ("model.transformer.hidden_size", m.hidden_size),
+                     ("model.transformer.ffn_hidden_size", m.ffn_hidden_size),
+                     ("model.transformer.vocab_size", m.vocab_size),
+                     ("model.transformer.num_attention_heads", m.num_attention_heads),
+                     ("model.transformer.num_kv_heads", m.num_kv_heads),
+                     ("model.parallelism.tensor", p.tensor), ("model.parallelism.pipeline", p.pipeline),
+                     ("MPI world size", comm_size)):
+        if not isinstance(val, int) or isinstance(val, bool) or val <= 0:
+            raise ConfigError(key, val, "a positive integer")
+    _dtype_bytes("model.model_datatype", m.model_datatype)
+    _dtype_bytes("model.optimizer_datatype", m.optimizer_datatype)
+    # Upstream sizes heads with integer division (the 1T preset's 25872/192
+    # is not whole), so only an impossible head count is rejected.
+    if m.num_attention_heads > m.hidden_size:
+        raise ConfigError("model.transformer.num_attention_heads", m.num_attention_heads,
+                          f"at most hidden_size {m.hidden_size}")
+    if m.num_kv_heads > m.num_attention_heads:
+        raise ConfigError("model.transformer.num_kv_heads", m.num_kv_heads,
+                          f"at most num_attention_heads {m.num_attention_heads}")
+    if p.zero_stage not in ZERO_STAGES:
+        raise ConfigError("model.parallelism.zero_stage", p.zero_stage, "0, 1, 2 or 3")
+    if p.mode not in MODES:
+        raise ConfigError("checkpoint.mode", p.mode, " or ".join(MODES))
+    if p.pipeline > m.num_layers:
+        raise ConfigError("model.parallelism.pipeline", p.pipeline,
+                          f"at most num_layers {m.num_layers}")
+    if p.zero_stage == 3 and p.pipeline > 1:
+        raise ConfigError("model.parallelism.pipeline", p.pipeline,
+                          "1 with zero_stage 3 (ZeRO-3 shards the model across data-parallel ranks, "
+                          "not pipeline stages)")
+    mp = p.tensor * p.pipeline
+    if p.mode == "subset":
+        if p.data is None or p.data <= 0:
+            raise ConfigError("model.parallelism.data", p.data,
+                              "a positive integer when checkpoint.mode is subset")
+        if comm_size > p.data * mp:
+            raise ConfigError("MPI world size", comm_size,
+                              f"at most data*tensor*pipeline = {p.data * mp} in subset mode")
+    elif comm_size % mp:
+        raise ConfigError("MPI world size", comm_size,
+                          f"a multiple of tensor*pipeline = {mp} "
+                          f"(tensor={p.tensor}, pipeline={p.pipeline})")
+
+
+def _layer_range(pp_rank: int, pp: int, num_layers: int) -> tuple[int, int]:
+    """Inclusive layer indices of a pipeline stage: 0 is the embedding,
+    1..L the transformer layers, L+1 the lm_head and L+2 the final norm."""
+    per, rem = divmod(num_layers, pp)
+    if pp_rank < rem:
+        start = pp_rank * (per + 1) + 1
+        end = start + per
+    else:
+        start = rem * (per + 1) + (pp_rank - rem) * per + 1
+        end = start + per - 1
+    if pp_rank == pp - 1:
+        end = num_layers + 2
+    if pp_rank == 0:
+        start = 0
+    return start, end
+
+
+def _layer_elements(m: ModelShape, layer: int, tp: int, shard: int) -> int:
+    h, f = m.hidden_size, m.ffn_hidden_size
+    if layer in (0, m.num_layers + 1):  # embedding, lm_head
+        return h * m.vocab_size // tp // shard
+    if layer == m.num_layers + 2:  # final norm
+        return h // shard
+    dkv = (h // m.num_attention_heads) * m.num_kv_heads
+    return (h // shard + h * (h + 2 * dkv) // tp // shard + h * h // tp // shard
+            + h // shard + 2 * h * f // tp // shard + h * f // tp // shard)
+
+
+def rank_plan(m: ModelShape, p: Parallelism, comm_size: int, rank: int) -> RankPlan:
+    """The files `rank` writes in one checkpoint, with exact byte sizes."""
+    validate(m, p, comm_size)
+    if not 0 <= rank < comm_size:
+        raise ConfigError("rank", rank, f"0..{comm_size - 1}")
+    tp, pp = p.tensor, p.pipeline
+    mp = tp * pp
+    dp = p.data if p.mode == "subset" else comm_size // mp
+    pp_rank, tp_rank = (rank // tp) % pp, rank % tp
+    dp_rank, mp_rank = rank // mp, rank % mp
+    mbytes = _dtype_bytes("model.model_datatype", m.model_datatype)
+    obytes = _dtype_bytes("model.optimizer_datatype", m.optimizer_datatype)
+    shard = dp if p.zero_stage == 3 else 1
+    prefix = f"zero_pp_rank_{dp_rank}_mp_rank_{mp_rank:02d}"
+
+    files: list[ShardFile] = []
+    # Without ZeRO only the first data-parallel replica checkpoints anything.
+    if p.zero_stage == 0 and rank >= mp:
+        return RankPlan(rank, dp_rank, mp_rank, pp_rank, tp_rank, ())
+    start, end = _layer_range(pp_rank, pp, m.num_layers)
+    layers = range(start, end + 1)
+    if p.zero_stage in (1, 2):
+        if dp_rank == 0:
+            if pp > 1:
+                files += [ShardFile(f"layer_{i:02d}-model_{mp_rank:02d}-model_states.pt",
+                                    _layer_elements(m, i, tp, 1) * mbytes, "model") for i in layers]
+            else:
+                size = sum(_layer_elements(m, i, tp, 1) for i in layers) * mbytes
+                files.append(ShardFile(f"mp_rank_{mp_rank:02d}_model_states.pt", size, "model"))
+    else:
+        size = sum(_layer_elements(m, i, tp, shard) for i in layers) * mbytes
+        files.append(ShardFile(f"{prefix}_model_states.pt", size, "model"))
+
+    n = num_parameters(m) // (dp * mp if p.zero_stage > 0 else mp)
+    if n > 0:
+        # Adam: parameters, momentum, variance, each with 5*h of bookkeeping.
+        files.append(ShardFile(f"{prefix}_optim_states.pt", (3 * n + 15 * m.hidden_size) * obytes,
+                               "optimizer"))
+    return RankPlan(rank, dp_rank, mp_rank, pp_rank, tp_rank, tuple(files))
+
+
+def checkpoint_bytes(m: ModelShape, p: Parallelism, comm_size: int) -> int:
+    """Bytes of one whole checkpoint, all ranks together."""
+    return sum(rank_plan(m, p, comm_size, r).total_bytes for r in range(comm_size))
+
+
+def checkpoint_dir(step: int, epoch: int = 1) -> str:
+    """Directory of one checkpoint, as DeepSpeed and upstream DLIO name it."""
+    return f"global_epoch{epoch}_step{step}"

@@ -1,0 +1,78 @@
+"""The small interface every storage backend implements.
+
+Paths are relative to the backend's root and use '/' separators.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+
+class Writer(ABC):
+    """Sequential writer of one file or object."""
+
+    @abstractmethod
+    def write(self, data: memoryview) -> None:
+        """Append all of data. Only the last call of a file may be unaligned."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Make the file durable (fsync, upload completion) and release it."""
+
+    @abstractmethod
+    def abort(self) -> None:
+        """Discard what was written: no partial file or upload remains."""
+
+
+class Reader(ABC):
+    """Random-access reader of one file or object; safe to call from threads."""
+
+    size: int
+
+    @abstractmethod
+    def readinto(self, offset: int, buf: memoryview, length: int) -> int:
+        """Read up to length bytes at offset into buf[:length]; return the count.
+
+        buf may be larger than length (callers pass whole pool buffers, whose
+        size is a multiple of the page size) so direct I/O can round up.
+        """
+
+    def close(self) -> None:
+        pass
+
+
+class Backend(ABC):
+    """A storage root: a directory, a bucket prefix, ..."""
+
+    #: how the read phase avoids client caches, recorded in the results
+    read_cache_method: str = "none"
+    #: True when reads right after writes may be served from a client cache
+    reads_may_be_cached: bool = False
+
+    @abstractmethod
+    def uri(self, path: str) -> str:
+        """Full name of path, for messages and results."""
+
+    @abstractmethod
+    def prepare(self, directory: str) -> None:
+        """Make directory usable for writing; safe to call from many ranks."""
+
+    @abstractmethod
+    def open_writer(self, path: str, size: int) -> Writer:
+        ...
+
+    @abstractmethod
+    def open_reader(self, path: str) -> Reader:
+        ...
+
+    @abstractmethod
+    def list_sizes(self, directory: str) -> dict[str, int]:
+        """Sizes of every file below directory, keyed by path relative to the root."""
+
+    @abstractmethod
+    def remove(self, directory: str) -> None:
+        """Delete directory and everything below it."""
+
+    def describe(self) -> dict:
+        """Settings worth recording with a result (never credentials)."""
+        return {"read_cache_method": self.read_cache_method,
+                "reads_may_be_cached": self.reads_may_be_cached}

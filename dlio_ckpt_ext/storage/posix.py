@@ -1,0 +1,170 @@
+"""local_fs backend: buffered + fsync or O_DIRECT writes, O_DIRECT or
+buffered (+ fadvise) reads."""
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import shutil
+from dataclasses import dataclass
+
+from dlio_ckpt_ext.engine.buffers import PAGE
+from dlio_ckpt_ext.errors import ConfigError, StorageError
+from dlio_ckpt_ext.storage.base import Backend, Reader, Writer
+
+IO_MODES = ("direct", "buffered")
+
+
+@dataclass(frozen=True)
+class PosixOptions:
+    write_mode: str = "direct"
+    read_mode: str = "direct"
+    fsync: bool = True
+    fadvise: bool = True  # DONTNEED after each written file and before buffered reads
+
+    def __post_init__(self) -> None:
+        for key in ("write_mode", "read_mode"):
+            if getattr(self, key) not in IO_MODES:
+                raise ConfigError(f"storage.storage_options.{key}", getattr(self, key),
+                                  " or ".join(IO_MODES))
+
+
+def _os_error(path: str, action: str, exc: OSError) -> StorageError:
+    err = StorageError(exc.errno, f"{action} {path}: {exc.strerror or exc}")
+    err.filename = path
+    return err
+
+
+def _direct_unsupported(path: str, key: str) -> StorageError:
+    return StorageError(errno.EINVAL, f"O_DIRECT is not supported for {path}; set "
+                        f"++workload.storage.storage_options.{key}=buffered to measure this file system")
+
+
+class PosixWriter(Writer):
+    def __init__(self, path: str, opts: PosixOptions) -> None:
+        self.path, self.opts = path, opts
+        self.direct = opts.write_mode == "direct"
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | (os.O_DIRECT if self.direct else 0)
+        try:
+            self.fd = os.open(path, flags, 0o644)
+        except OSError as exc:
+            if exc.errno == errno.EINVAL and self.direct:
+                raise _direct_unsupported(path, "write_mode") from exc
+            raise _os_error(path, "cannot create", exc) from exc
+
+    def _write_all(self, data: memoryview) -> None:
+        while len(data):
+            data = data[os.write(self.fd, data):]
+
+    def write(self, data: memoryview) -> None:
+        try:
+            if self.direct and len(data) % PAGE:
+                # The unaligned tail of a file: write the aligned part directly,
+                # then the rest through the page cache (fsync makes it durable).
+                aligned = len(data) - len(data) % PAGE
+                self._write_all(data[:aligned])
+                fcntl.fcntl(self.fd, fcntl.F_SETFL, fcntl.fcntl(self.fd, fcntl.F_GETFL) & ~os.O_DIRECT)
+                self.direct = False
+                data = data[aligned:]
+            self._write_all(data)
+        except OSError as exc:
+            if exc.errno == errno.EINVAL and self.direct:
+                raise _direct_unsupported(self.path, "write_mode") from exc
+            raise _os_error(self.path, "cannot write", exc) from exc
+
+    def close(self) -> None:
+        try:
+            if self.opts.fsync:
+                os.fsync(self.fd)
+            if self.opts.fadvise:
+                os.posix_fadvise(self.fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        except OSError as exc:
+            self.abort()
+            raise _os_error(self.path, "cannot sync", exc) from exc
+        os.close(self.fd)
+
+    def abort(self) -> None:
+        try:
+            os.close(self.fd)
+        except OSError:
+            pass
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+
+
+class PosixReader(Reader):
+    def __init__(self, path: str, opts: PosixOptions) -> None:
+        self.path = path
+        self.direct = opts.read_mode == "direct"
+        try:
+            self.fd = os.open(path, os.O_RDONLY | (os.O_DIRECT if self.direct else 0))
+        except OSError as exc:
+            if exc.errno == errno.EINVAL and self.direct:
+                raise _direct_unsupported(path, "read_mode") from exc
+            raise _os_error(path, "cannot open", exc) from exc
+        self.size = os.fstat(self.fd).st_size
+        if not self.direct and opts.fadvise:
+            os.posix_fadvise(self.fd, 0, 0, os.POSIX_FADV_DONTNEED)
+
+    def readinto(self, offset: int, buf: memoryview, length: int) -> int:
+        # O_DIRECT needs whole pages: ask for length rounded up; EOF cuts it short.
+        want = -(-length // PAGE) * PAGE if self.direct else length
+        done = 0
+        try:
+            while done < length:
+                n = os.preadv(self.fd, [buf[done:want]], offset + done)
+                if n == 0:
+                    break
+                done += n
+        except OSError as exc:
+            raise _os_error(self.path, "cannot read", exc) from exc
+        return min(done, length)
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+class PosixBackend(Backend):
+    def __init__(self, root: str, opts: PosixOptions) -> None:
+        self.root, self.opts = os.path.abspath(root), opts
+        self.read_cache_method = {
+            "direct": "O_DIRECT reads",
+            "buffered": "posix_fadvise(DONTNEED) after write and before read" if opts.fadvise else "none",
+        }[opts.read_mode]
+        self.reads_may_be_cached = opts.read_mode == "buffered" and not opts.fadvise
+
+    def _path(self, path: str) -> str:
+        return os.path.join(self.root, path)
+
+    def uri(self, path: str) -> str:
+        return self._path(path)
+
+    def prepare(self, directory: str) -> None:
+        try:
+            os.makedirs(self._path(directory), exist_ok=True)
+        except OSError as exc:
+            raise _os_error(self._path(directory), "cannot create directory", exc) from exc
+
+    def open_writer(self, path: str, size: int) -> Writer:
+        return PosixWriter(self._path(path), self.opts)
+
+    def open_reader(self, path: str) -> Reader:
+        return PosixReader(self._path(path), self.opts)
+
+    def list_sizes(self, directory: str) -> dict[str, int]:
+        sizes = {}
+        for dirpath, _, names in os.walk(self._path(directory)):
+            for name in names:
+                full = os.path.join(dirpath, name)
+                sizes[os.path.relpath(full, self.root)] = os.path.getsize(full)
+        return sizes
+
+    def remove(self, directory: str) -> None:
+        shutil.rmtree(self._path(directory), ignore_errors=True)
+
+    def describe(self) -> dict:
+        return {"storage_type": "local_fs", "root": self.root,
+                "write_mode": self.opts.write_mode, "read_mode": self.opts.read_mode,
+                "fsync": self.opts.fsync, "fadvise": self.opts.fadvise, **super().describe()}
