@@ -1,4 +1,5 @@
 """Exceptions shared by every layer."""
+from __future__ import annotations
 
 
 class ConfigError(ValueError):
@@ -14,6 +15,10 @@ class ConfigError(ValueError):
 
 class StorageError(OSError):
     """A storage operation failed; the message names the file or object."""
+
+    def __init__(self, message: str, errno: int | None = None) -> None:
+        super().__init__(message)
+        self.errno = errno
 
 
 class VerificationError(StorageError):

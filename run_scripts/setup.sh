@@ -21,5 +21,6 @@ pip=("$venv/bin/python" -m pip --disable-pip-version-check -q)
 # alone and install what it really imports from requirements.txt.
 "${pip[@]}" install --no-deps dlio-benchmark==2.0.0
 "${pip[@]}" install -r "$repo/requirements.txt" -r "$repo/requirements-test.txt"
-"${pip[@]}" install -e "$repo"
+# compat mode: a plain path entry, which hydra's plugin scan (pkgutil) can walk
+"${pip[@]}" install -e "$repo" --config-settings editable_mode=compat
 echo "setup done: source $venv/bin/activate"

@@ -2,8 +2,8 @@
 move them to or from storage. Knows nothing of DLIO or MPI."""
 from dlio_ckpt_ext.engine.buffers import BufferPool
 from dlio_ckpt_ext.engine.content import ContentSpec, derive_seed
-from dlio_ckpt_ext.engine.profile import FileStats, summarize_phase
+from dlio_ckpt_ext.engine.profile import FileStats, phase_report, phase_totals
 from dlio_ckpt_ext.engine.stream import load_file, save_file
 
-__all__ = ["BufferPool", "ContentSpec", "derive_seed", "FileStats", "summarize_phase",
+__all__ = ["BufferPool", "ContentSpec", "derive_seed", "FileStats", "phase_report", "phase_totals",
            "load_file", "save_file"]

@@ -33,29 +33,26 @@ class FileStats:
         return asdict(self)
 
 
-def summarize_phase(files: list[FileStats], wall_s: float) -> dict:
-    """Roll a phase's files up: generation vs I/O capacity and the bottleneck.
+def phase_totals(files: list[FileStats]) -> dict:
+    """Sums one rank contributes to the generation-vs-I/O report of a phase."""
+    return {"bytes": sum(f.nbytes for f in files), "fill_s": sum(f.fill_s for f in files),
+            "io_s": sum(f.io_s + f.close_s for f in files), "wall_s": sum(f.elapsed for f in files),
+            "chunks_fill_bound": sum(f.chunks_fill_bound for f in files),
+            "chunks_io_bound": sum(f.chunks_io_bound for f in files),
+            "wait_free_s": sum(f.wait_free_s for f in files),
+            "wait_filled_s": sum(f.wait_filled_s for f in files)}
 
-    wall_s is the phase's wall time for these files (the sum of per-file
-    elapsed times when files are processed one after another).
-    """
-    nbytes = sum(f.nbytes for f in files)
-    fill = sum(f.fill_s for f in files)
-    io = sum(f.io_s + f.close_s for f in files)
-    fill_bound = sum(f.chunks_fill_bound for f in files)
-    io_bound = sum(f.chunks_io_bound for f in files)
-    gen_rate = nbytes / GiB / fill if fill > 0 else None
-    io_rate = nbytes / GiB / io if io > 0 else None
-    return {
-        "bytes": nbytes,
-        "fill_s": fill,
-        "io_s": io,
-        "wall_s": wall_s,
-        "generation_gib_s": gen_rate,
-        "io_gib_s": io_rate,
-        "generation_to_io_ratio": (gen_rate / io_rate) if gen_rate and io_rate else None,
-        "pipeline_overhead_pct": (100.0 * (wall_s - max(fill, io)) / wall_s) if wall_s > 0 else 0.0,
-        "chunks_fill_bound": fill_bound,
-        "chunks_io_bound": io_bound,
-        "bottleneck": "Generation" if fill > io else "I/O",
-    }
+
+def phase_report(per_rank: list[dict]) -> dict:
+    """Rates per rank: generation capacity, I/O, their ratio and the bottleneck."""
+    t = {k: sum(r[k] for r in per_rank) for k in per_rank[0]} if per_rank else {}
+    if not t or t["bytes"] == 0:
+        return {}
+    gen = t["bytes"] / GiB / t["fill_s"] if t["fill_s"] > 0 else None
+    io = t["bytes"] / GiB / t["io_s"] if t["io_s"] > 0 else None
+    slower = max(t["fill_s"], t["io_s"])
+    return {**t,
+            "generation_gib_s_per_rank": gen, "io_gib_s_per_rank": io,
+            "generation_to_io_ratio": gen / io if gen and io else None,
+            "pipeline_overhead_pct": 100.0 * (t["wall_s"] - slower) / t["wall_s"] if t["wall_s"] > 0 else 0.0,
+            "bottleneck": "Generation" if t["fill_s"] > t["io_s"] else "I/O"}

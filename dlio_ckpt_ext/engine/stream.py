@@ -13,7 +13,7 @@ from dlio_ckpt_ext.engine.buffers import BufferPool
 from dlio_ckpt_ext.engine.content import ContentSpec, generator
 from dlio_ckpt_ext.engine.pipeline import Chunk
 from dlio_ckpt_ext.engine.profile import FileStats
-from dlio_ckpt_ext.errors import StorageError, VerificationError
+from dlio_ckpt_ext.errors import VerificationError
 from dlio_ckpt_ext.storage.base import Backend
 
 
@@ -36,9 +36,15 @@ def _first_difference(a: memoryview, b: memoryview) -> int:
     return int(np.argmax(diff))
 
 
-def _record(stats: FileStats, chunks: list[Chunk], fill_is_producer: bool) -> None:
+def _record(stats: FileStats, chunks: list[Chunk], fill_stage: Optional[str]) -> None:
+    """Fold chunk timings into stats; fill_stage names the pipeline stage that
+    generates content ("producer" on save, "consumer" on a verified load,
+    None on an unverified load, where nothing is generated)."""
     for c in chunks:
-        fill, io = (c.produce_s, c.consume_s) if fill_is_producer else (c.consume_s, c.produce_s)
+        if fill_stage == "producer":
+            fill, io = c.produce_s, c.consume_s
+        else:
+            fill, io = (c.consume_s if fill_stage else 0.0), c.produce_s
         stats.fill_s += fill
         stats.io_s += io
         stats.wait_free_s += c.wait_free_s
@@ -84,7 +90,7 @@ def save_file(backend: Backend, path: str, size: int, content: ContentSpec, pool
         writer.abort()
         raise
     stats.end = time.time()
-    _record(stats, chunks, fill_is_producer=True)
+    _record(stats, chunks, "producer")
     return stats
 
 
@@ -103,10 +109,7 @@ def load_file(backend: Backend, path: str, size: int, pool: BufferPool,
     A missing file, a size other than `size`, or any differing byte raises an
     error naming the file (and the offset of the first difference).
     """
-    try:
-        reader = backend.open_reader(path)
-    except FileNotFoundError as exc:
-        raise StorageError(f"missing checkpoint file {backend.uri(path)}") from exc
+    reader = backend.open_reader(path)
     stats = FileStats(name=path, nbytes=size, start=time.time())
     try:
         if reader.size != size:
@@ -151,5 +154,5 @@ def load_file(backend: Backend, path: str, size: int, pool: BufferPool,
     finally:
         reader.close()
     stats.end = time.time()
-    _record(stats, chunks, fill_is_producer=False)
+    _record(stats, chunks, "consumer" if content is not None else None)
     return stats

@@ -17,10 +17,9 @@ IO_MODES = ("direct", "buffered")
 
 @dataclass(frozen=True)
 class PosixOptions:
-    write_mode: str = "direct"
-    read_mode: str = "direct"
-    fsync: bool = True
-    fadvise: bool = True  # DONTNEED after each written file and before buffered reads
+    write_mode: str = "direct"   # direct (O_DIRECT) | buffered (page cache + fsync)
+    read_mode: str = "direct"    # direct (O_DIRECT) | buffered
+    fadvise: bool = True         # DONTNEED after each written file and before buffered reads
 
     def __post_init__(self) -> None:
         for key in ("write_mode", "read_mode"):
@@ -30,19 +29,20 @@ class PosixOptions:
 
 
 def _os_error(path: str, action: str, exc: OSError) -> StorageError:
-    err = StorageError(exc.errno, f"{action} {path}: {exc.strerror or exc}")
-    err.filename = path
-    return err
+    if exc.errno == errno.ENOENT and action == "cannot open":
+        return StorageError(f"missing checkpoint file {path}", errno=exc.errno)
+    return StorageError(f"{action} {path}: {exc.strerror or exc}", errno=exc.errno)
 
 
 def _direct_unsupported(path: str, key: str) -> StorageError:
-    return StorageError(errno.EINVAL, f"O_DIRECT is not supported for {path}; set "
-                        f"++workload.storage.storage_options.{key}=buffered to measure this file system")
+    return StorageError(f"O_DIRECT is not supported for {path}; set "
+                        f"++workload.storage.storage_options.{key}=buffered to measure this file system",
+                        errno=errno.EINVAL)
 
 
 class PosixWriter(Writer):
-    def __init__(self, path: str, opts: PosixOptions) -> None:
-        self.path, self.opts = path, opts
+    def __init__(self, path: str, opts: PosixOptions, fsync: bool) -> None:
+        self.path, self.opts, self.fsync = path, opts, fsync
         self.direct = opts.write_mode == "direct"
         flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | (os.O_DIRECT if self.direct else 0)
         try:
@@ -74,7 +74,7 @@ class PosixWriter(Writer):
 
     def close(self) -> None:
         try:
-            if self.opts.fsync:
+            if self.fsync:
                 os.fsync(self.fd)
             if self.opts.fadvise:
                 os.posix_fadvise(self.fd, 0, 0, os.POSIX_FADV_DONTNEED)
@@ -127,8 +127,8 @@ class PosixReader(Reader):
 
 
 class PosixBackend(Backend):
-    def __init__(self, root: str, opts: PosixOptions) -> None:
-        self.root, self.opts = os.path.abspath(root), opts
+    def __init__(self, root: str, opts: PosixOptions, fsync: bool = True) -> None:
+        self.root, self.opts, self.fsync = os.path.abspath(root), opts, fsync
         self.read_cache_method = {
             "direct": "O_DIRECT reads",
             "buffered": "posix_fadvise(DONTNEED) after write and before read" if opts.fadvise else "none",
@@ -148,7 +148,7 @@ class PosixBackend(Backend):
             raise _os_error(self._path(directory), "cannot create directory", exc) from exc
 
     def open_writer(self, path: str, size: int) -> Writer:
-        return PosixWriter(self._path(path), self.opts)
+        return PosixWriter(self._path(path), self.opts, self.fsync)
 
     def open_reader(self, path: str) -> Reader:
         return PosixReader(self._path(path), self.opts)
@@ -167,4 +167,4 @@ class PosixBackend(Backend):
     def describe(self) -> dict:
         return {"storage_type": "local_fs", "root": self.root,
                 "write_mode": self.opts.write_mode, "read_mode": self.opts.read_mode,
-                "fsync": self.opts.fsync, "fadvise": self.opts.fadvise, **super().describe()}
+                "fsync": self.fsync, "fadvise": self.opts.fadvise, **super().describe()}

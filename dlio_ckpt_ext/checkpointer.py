@@ -1,0 +1,98 @@
+"""One rank's checkpoints: the shard plan driven through the streaming engine.
+
+Independent of DLIO and MPI (ranks and node sizes are plain arguments), so
+it can be tested and benchmarked on its own.
+"""
+from __future__ import annotations
+
+from dlio_ckpt_ext import plan
+from dlio_ckpt_ext.config import RunConfig
+from dlio_ckpt_ext.engine import BufferPool, ContentSpec, FileStats, derive_seed, load_file, save_file
+from dlio_ckpt_ext.engine.threads import gen_thread_budget
+from dlio_ckpt_ext.errors import StorageError
+from dlio_ckpt_ext.storage import Backend, join_root, open_backend
+
+
+class Checkpointer:
+    def __init__(self, cfg: RunConfig, rank: int, comm_size: int, ranks_per_node: int) -> None:
+        self.cfg, self.rank, self.comm_size, self.ranks_per_node = cfg, rank, comm_size, ranks_per_node
+        sto = cfg.storage
+        self.backend: Backend = open_backend(sto.storage_type,
+                                             join_root(sto.storage_root, cfg.checkpoint.checkpoint_folder),
+                                             dict(sto.storage_options), cfg.checkpoint.fsync)
+        self.gen_threads = gen_thread_budget(ranks_per_node, cfg.streaming.gen_threads)
+        self.pool = BufferPool(cfg.streaming.pool_depth, cfg.chunk_size)
+
+    # -- plan -------------------------------------------------------------
+    def files(self, rank: int) -> tuple[plan.ShardFile, ...]:
+        return plan.rank_plan(self.cfg.shape, self.cfg.parallelism, self.comm_size, rank).files
+
+    def source_rank(self) -> int:
+        """Whose files this rank loads: with recovery_rank_shift, a rank on
+        another node, so no node reads back what its own page cache holds."""
+        if self.cfg.checkpoint.recovery_rank_shift:
+            return (self.rank + self.ranks_per_node) % self.comm_size
+        return self.rank
+
+    def content(self, directory: str, rank: int, name: str) -> ContentSpec:
+        st = self.cfg.streaming
+        return ContentSpec(derive_seed(st.seed, directory, rank, name), st.dedup_ratio, st.compress_ratio)
+
+    def expected_sizes(self, steps: list[int], epoch: int = 1) -> dict[str, int]:
+        """Every file of the given checkpoints, all ranks, path -> size."""
+        return {f"{plan.checkpoint_dir(s, epoch)}/{f.name}": f.size
+                for s in steps for r in range(self.comm_size) for f in self.files(r)}
+
+    # -- I/O --------------------------------------------------------------
+    def prepare(self) -> None:
+        self.backend.prepare("")
+
+    def save(self, step: int, epoch: int = 1) -> list[FileStats]:
+        directory = plan.checkpoint_dir(step, epoch)
+        files = self.files(self.rank)
+        if files:
+            self.backend.prepare(directory)
+        return [save_file(self.backend, f"{directory}/{f.name}", f.size,
+                          self.content(directory, self.rank, f.name), self.pool, self.gen_threads)
+                for f in files]
+
+    def load(self, step: int, epoch: int = 1) -> list[FileStats]:
+        directory = plan.checkpoint_dir(step, epoch)
+        src = self.source_rank()
+        st = self.cfg.streaming
+        return [load_file(self.backend, f"{directory}/{f.name}", f.size, self.pool,
+                          self.content(directory, src, f.name) if st.verify else None,
+                          st.read_parallelism, self.gen_threads)
+                for f in self.files(src)]
+
+    def inventory(self, steps: list[int], epoch: int = 1) -> dict:
+        """Compare one listing of the checkpoint folder with the plan.
+
+        Call on one rank only: a listing per rank is a LIST storm at scale.
+        """
+        expected = self.expected_sizes(steps, epoch)
+        found = {}
+        for step in steps:
+            found.update(self.backend.list_sizes(plan.checkpoint_dir(step, epoch)))
+        missing = sorted(set(expected) - set(found))
+        wrong = sorted(p for p in expected if p in found and found[p] != expected[p])
+        result = {"expected": len(expected), "present": len(set(expected) & set(found)),
+                  "missing": missing[:20], "wrong_size": [[p, found[p], expected[p]] for p in wrong[:20]],
+                  "unexpected": sorted(set(found) - set(expected))[:20]}
+        result["ok"] = not missing and not wrong
+        result["message"] = (f"{result['present']} files present, {result['expected']} expected, "
+                             + ("sizes match" if result["ok"] else
+                                f"{len(missing)} missing, {len(wrong)} with a wrong size"))
+        return result
+
+    def remove_all(self) -> None:
+        self.backend.remove("")
+
+    def close(self) -> None:
+        self.pool.close()
+
+
+def inventory_error(result: dict) -> StorageError:
+    details = "; ".join([f"missing {p}" for p in result["missing"][:5]] +
+                        [f"{p} has {got} bytes, expected {want}" for p, got, want in result["wrong_size"][:5]])
+    return StorageError(f"checkpoint inventory failed: {result['message']}: {details}")

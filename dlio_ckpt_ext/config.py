@@ -1,0 +1,222 @@
+"""Our sections of a DLIO workload config, declared once.
+
+Each option is a dataclass field with its type, default and help text;
+OmegaConf rejects unknown keys and values of the wrong type, and
+`load_config` adds the range and consistency rules. DLIO's own sections
+(framework, workflow, output, ...) are left to DLIO.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field, is_dataclass
+from typing import Any, Optional, get_type_hints
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import ConfigKeyError, ValidationError
+
+from dlio_ckpt_ext import plan
+from dlio_ckpt_ext.errors import ConfigError
+
+MECHANISM_CLASS = "dlio_ckpt_ext.dlio.mechanism.StreamingCheckpointing"
+STORAGE_TYPES = ("local_fs", "parallel_fs", "s3")
+MiB = 1 << 20
+
+
+@dataclass
+class TransformerConfig:
+    vocab_size: int = 128256
+    hidden_size: int = 4096
+    ffn_hidden_size: int = 14336
+    num_attention_heads: int = 32
+    num_kv_heads: int = 8
+
+
+@dataclass
+class ParallelismConfig:
+    tensor: int = 1
+    pipeline: int = 1
+    data: Optional[int] = None  # data-parallel degree of the full job; subset mode only
+    zero_stage: int = 0
+
+
+@dataclass
+class ModelConfig:
+    name: str = "llama3_8b"
+    type: str = "transformer"
+    num_layers: int = 32
+    model_datatype: str = "fp16"
+    optimizer_datatype: str = "fp32"
+    parallelism: ParallelismConfig = field(default_factory=ParallelismConfig)
+    transformer: TransformerConfig = field(default_factory=TransformerConfig)
+
+
+@dataclass
+class CheckpointConfig:
+    checkpoint_folder: str = "checkpoints"        # below storage.storage_root
+    num_checkpoints_write: int = 10
+    num_checkpoints_read: int = 10
+    time_between_checkpoints: float = 0.0         # seconds of idle before each checkpoint, untimed
+    fsync: bool = True                            # fsync each local file before its close counts
+    mode: str = "default"                         # default | subset
+    rank_sync: bool = True                        # barrier before each checkpoint
+    recovery_rank_shift: bool = False             # read the files of rank (r + ranks_per_node) % size
+    keep_files: bool = True                       # False: delete the checkpoints after the run
+    checkpoint_mechanism_classname: str = MECHANISM_CLASS
+    # DLIO 2.0.0 reads these for its training-loop checkpoints; accepted so a
+    # workload can still set them, unused by the checkpoint-only workflow.
+    type: str = "rank_zero"
+    checkpoint_after_epoch: int = 1
+    epochs_between_checkpoints: int = 1
+    steps_between_checkpoints: int = -1
+
+
+@dataclass
+class StreamingConfig:
+    chunk_size: str = "32MiB"   # bytes per buffer; a multiple of 1 MiB (int or e.g. "32MiB")
+    pool_depth: int = 4         # buffers per rank
+    gen_threads: int = 0        # dgen-py threads per rank; 0 = usable CPUs / ranks on this node
+    read_parallelism: int = 1   # concurrent range readers per file
+    verify: bool = False        # compare every byte read with the regenerated content
+    seed: int = 0               # run seed; file seeds are hashed from it
+    dedup_ratio: int = 1
+    compress_ratio: int = 1
+
+
+@dataclass
+class StorageConfig:
+    storage_type: str = "local_fs"
+    storage_root: str = "./"
+    storage_options: dict = field(default_factory=dict)  # checked by the backend
+
+
+@dataclass
+class WorkloadSections:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    streaming: StreamingConfig = field(default_factory=StreamingConfig)
+    storage: StorageConfig = field(default_factory=StorageConfig)
+
+
+@dataclass
+class RunConfig:
+    """The validated settings of one run, plus the shard plan inputs."""
+    sections: WorkloadSections
+    shape: plan.ModelShape
+    parallelism: plan.Parallelism
+    chunk_size: int
+
+    @property
+    def model(self) -> ModelConfig:
+        return self.sections.model
+
+    @property
+    def checkpoint(self) -> CheckpointConfig:
+        return self.sections.checkpoint
+
+    @property
+    def streaming(self) -> StreamingConfig:
+        return self.sections.streaming
+
+    @property
+    def storage(self) -> StorageConfig:
+        return self.sections.storage
+
+
+_SIZE = re.compile(r"^\s*(\d+)\s*([KMGT]i?B?)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def parse_size(key: str, value: Any) -> int:
+    """Bytes from an int or a string such as '32MiB' (binary units)."""
+    m = _SIZE.match(str(value))
+    if not m:
+        raise ConfigError(key, value, "a byte count such as 33554432 or '32MiB'")
+    return int(m.group(1)) * _UNITS[(m.group(2) or "")[:1].lower()]
+
+
+def _check_keys(schema: type, given: Any, prefix: str) -> None:
+    """Reject unknown keys, naming the allowed ones (OmegaConf names only the first)."""
+    if not isinstance(given, (dict, DictConfig)):
+        return
+    hints = get_type_hints(schema)
+    for key in given:
+        if key not in hints:
+            raise ConfigError(f"{prefix}{key}", given[key], "one of the keys " + ", ".join(hints))
+        if is_dataclass(hints[key]):
+            _check_keys(hints[key], given[key], f"{prefix}{key}.")
+
+
+def structured(schema: type, given: Any, prefix: str) -> Any:
+    """An instance of dataclass `schema` from `given`, or a ConfigError naming
+    the first unknown key or ill-typed value (with `prefix` before its name)."""
+    _check_keys(schema, given, prefix)
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(schema), given)
+    except (ValidationError, ConfigKeyError) as exc:
+        value = OmegaConf.select(OmegaConf.create(given), str(exc.full_key))
+        raise ConfigError(f"{prefix}{exc.full_key}", value, str(exc).splitlines()[0]) from None
+    return OmegaConf.to_object(merged)
+
+
+def _positive(key: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ConfigError(key, value, "a positive integer")
+
+
+def load_config(workload: DictConfig | dict, comm_size: int) -> RunConfig:
+    """Validate our sections of `workload` for a job of comm_size ranks."""
+    given = {k: workload[k] for k in ("model", "checkpoint", "streaming", "storage") if k in workload}
+    for section in given.values():
+        if isinstance(section, DictConfig):
+            OmegaConf.resolve(section)
+    s = structured(WorkloadSections, given, "workload.")
+
+    m, c, st, sto = s.model, s.checkpoint, s.streaming, s.storage
+    for key, val in (("checkpoint.num_checkpoints_write", c.num_checkpoints_write),
+                     ("checkpoint.num_checkpoints_read", c.num_checkpoints_read)):
+        if val < 0:
+            raise ConfigError(f"workload.{key}", val, "an integer >= 0")
+    if c.num_checkpoints_write + c.num_checkpoints_read == 0:
+        raise ConfigError("workload.checkpoint.num_checkpoints_write", 0,
+                          "at least 1 checkpoint written or read")
+    if c.num_checkpoints_read > c.num_checkpoints_write:
+        raise ConfigError("workload.checkpoint.num_checkpoints_read", c.num_checkpoints_read,
+                          f"at most num_checkpoints_write ({c.num_checkpoints_write}): "
+                          "only checkpoints written by this run are read")
+    if c.time_between_checkpoints < 0:
+        raise ConfigError("workload.checkpoint.time_between_checkpoints", c.time_between_checkpoints,
+                          "seconds >= 0")
+    if not c.checkpoint_folder:
+        raise ConfigError("workload.checkpoint.checkpoint_folder", c.checkpoint_folder, "a non-empty path")
+    if sto.storage_type not in STORAGE_TYPES:
+        raise ConfigError("workload.storage.storage_type", sto.storage_type, ", ".join(STORAGE_TYPES))
+
+    chunk = parse_size("workload.streaming.chunk_size", st.chunk_size)
+    if chunk <= 0 or chunk % MiB:
+        raise ConfigError("workload.streaming.chunk_size", st.chunk_size,
+                          "a positive multiple of 1 MiB (1048576)")
+    for key in ("pool_depth", "read_parallelism", "dedup_ratio", "compress_ratio"):
+        _positive(f"workload.streaming.{key}", getattr(st, key))
+    if st.pool_depth < 2:
+        raise ConfigError("workload.streaming.pool_depth", st.pool_depth,
+                          "at least 2 (one buffer filling while one is in I/O)")
+    if st.read_parallelism >= st.pool_depth:
+        raise ConfigError("workload.streaming.read_parallelism", st.read_parallelism,
+                          f"less than pool_depth ({st.pool_depth}): each reader holds a buffer")
+    if st.gen_threads < 0:
+        raise ConfigError("workload.streaming.gen_threads", st.gen_threads, "0 (automatic) or more")
+    if st.verify and st.read_parallelism > 1 and (st.dedup_ratio, st.compress_ratio) != (1, 1):
+        raise ConfigError("workload.streaming.read_parallelism", st.read_parallelism,
+                          "1 when verify is on with dedup_ratio or compress_ratio other than 1")
+
+    shape = plan.ModelShape(m.num_layers, m.transformer.hidden_size, m.transformer.ffn_hidden_size,
+                            m.transformer.vocab_size, m.transformer.num_attention_heads,
+                            m.transformer.num_kv_heads, m.model_datatype, m.optimizer_datatype)
+    par = plan.Parallelism(m.parallelism.tensor, m.parallelism.pipeline, m.parallelism.zero_stage,
+                           m.parallelism.data, c.mode)
+    try:
+        plan.validate(shape, par, comm_size)
+    except ConfigError as exc:
+        key = exc.key if exc.key.startswith(("MPI", "rank")) else f"workload.{exc.key}"
+        raise ConfigError(key, exc.value, exc.allowed) from None
+    return RunConfig(s, shape, par, chunk)

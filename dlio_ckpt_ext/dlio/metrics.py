@@ -1,0 +1,71 @@
+"""Global checkpoint windows, DLIO-style [METRIC] lines and summary.json.
+
+A checkpoint's duration is the window from the first rank's start to the
+last rank's close (MLPerf's definition, not rank 0's own time); its
+throughput is the bytes of all ranks over that window, and the reported
+figure is the mean (± population std) over checkpoints, as upstream DLIO.
+"""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+
+from dlio_ckpt_ext.engine.profile import GiB, FileStats
+
+PHASE_LABEL = {"save": "save", "load": "load"}
+
+
+def local_record(step: int, files: list[FileStats], start: float, end: float) -> dict:
+    """This rank's part of one checkpoint: wall-clock start/end around its files."""
+    return {"step": step, "start": start, "end": end, "elapsed_s": end - start,
+            "bytes": sum(f.nbytes for f in files), "files": [f.to_dict() for f in files]}
+
+
+def global_window(records_by_rank: list[dict]) -> dict:
+    """Combine every rank's record of one checkpoint into its global window."""
+    start = min(r["start"] for r in records_by_rank)
+    end = max(r["end"] for r in records_by_rank)
+    nbytes = sum(r["bytes"] for r in records_by_rank)
+    duration = end - start
+    return {"step": records_by_rank[0]["step"], "duration_s": duration, "bytes": nbytes,
+            "throughput_gib_s": nbytes / GiB / duration if duration > 0 else 0.0,
+            "rank_elapsed_min_s": min(r["elapsed_s"] for r in records_by_rank),
+            "rank_elapsed_max_s": max(r["elapsed_s"] for r in records_by_rank)}
+
+
+def mean_std(values: list[float]) -> tuple[float, float]:
+    if not values:
+        return 0.0, 0.0
+    return statistics.fmean(values), statistics.pstdev(values)
+
+
+def metric_lines(phase: str, windows: list[dict]) -> list[str]:
+    label = PHASE_LABEL[phase]
+    d_mean, d_std = mean_std([w["duration_s"] for w in windows])
+    t_mean, t_std = mean_std([w["throughput_gib_s"] for w in windows])
+    return [f"[METRIC] Checkpoint {label} duration (seconds): {d_mean:.4f} (\u00b1{d_std:.4f})",
+            f"[METRIC] Checkpoint {label} I/O Throughput (GiB/second): {t_mean:.4f} (\u00b1{t_std:.4f})"]
+
+
+def results_block(phase: str, report: dict) -> list[str]:
+    if not report:
+        return []
+    fmt = lambda v, spec: "n/a" if v is None else format(v, spec)  # noqa: E731
+    gen_name = "generation (fill)" if phase == "save" else "verification (regenerate)"
+    return [f"RESULTS ({phase}):",
+            f"  {gen_name:28s} {fmt(report['generation_gib_s_per_rank'], '.3f')} GiB/s per rank "
+            f"({report['fill_s']:.3f} s)",
+            f"  {'I/O':28s} {fmt(report['io_gib_s_per_rank'], '.3f')} GiB/s per rank ({report['io_s']:.3f} s)",
+            f"  {'generation / I/O ratio':28s} {fmt(report['generation_to_io_ratio'], '.2f')}x",
+            f"  {'pipeline overhead':28s} {report['pipeline_overhead_pct']:.2f} %",
+            f"  {'bottleneck':28s} {report['bottleneck']} (I/O-bound chunks: {report['chunks_io_bound']}, "
+            f"generation-bound chunks: {report['chunks_fill_bound']})"]
+
+
+def write_json(path: str, data: dict) -> None:
+    """Write atomically: a reader never sees half a file."""
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as fh:
+        json.dump(data, fh, indent=1, default=str)
+    os.replace(tmp, path)

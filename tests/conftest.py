@@ -1,0 +1,27 @@
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PRESETS = REPO / "configs" / "dlio" / "workload"
+VENV_BIN = Path(sys.executable).parent
+
+
+def tool(name: str) -> str:
+    """A command from this environment's bin (mpirun, dlio_benchmark, weed)."""
+    path = VENV_BIN / name
+    return str(path) if path.exists() else (shutil.which(name) or name)
+
+
+@pytest.fixture
+def workdir(tmp_path: Path) -> Path:
+    """A scratch directory on a disk file system (O_DIRECT capable)."""
+    return tmp_path
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "slow: long-running; excluded from the default suite")
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")

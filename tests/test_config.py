@@ -1,0 +1,45 @@
+import pytest
+from omegaconf import OmegaConf
+
+from dlio_ckpt_ext.config import load_config, parse_size
+from dlio_ckpt_ext.errors import ConfigError
+
+
+def err(workload, size=2):
+    with pytest.raises(ConfigError) as e:
+        load_config(OmegaConf.create(workload), size)
+    return e.value
+
+
+def test_defaults_are_valid_and_sizes_parse():
+    cfg = load_config(OmegaConf.create({"streaming": {"chunk_size": "8MiB"}}), 1)
+    assert cfg.chunk_size == 8 << 20
+    assert parse_size("k", 4194304) == 4 << 20 and parse_size("k", "1GiB") == 1 << 30
+
+
+@pytest.mark.parametrize("workload, key, allowed", [
+    ({"checkpoint": {"num_checkpoint_write": 1}}, "workload.checkpoint.num_checkpoint_write",
+     "num_checkpoints_write"),
+    ({"streaming": {"depth": 4}}, "workload.streaming.depth", "pool_depth"),
+    ({"model": {"transformer": {"hidden": 4}}}, "workload.model.transformer.hidden", "hidden_size"),
+    ({"checkpoint": {"num_checkpoints_write": -1}}, "workload.checkpoint.num_checkpoints_write", ">= 0"),
+    ({"checkpoint": {"num_checkpoints_write": 2, "num_checkpoints_read": 3}},
+     "workload.checkpoint.num_checkpoints_read", "at most num_checkpoints_write"),
+    ({"model": {"num_layers": 0}}, "workload.model.num_layers", "positive"),
+    ({"model": {"transformer": {"hidden_size": -8}}}, "workload.model.transformer.hidden_size", "positive"),
+    ({"streaming": {"chunk_size": "1000"}}, "workload.streaming.chunk_size", "multiple of 1 MiB"),
+    ({"streaming": {"pool_depth": 1}}, "workload.streaming.pool_depth", "at least 2"),
+    ({"streaming": {"read_parallelism": 4}}, "workload.streaming.read_parallelism", "less than pool_depth"),
+    ({"storage": {"storage_type": "nfs"}}, "workload.storage.storage_type", "local_fs"),
+    ({"model": {"parallelism": {"tensor": 4}}}, "MPI world size", "multiple of tensor*pipeline"),
+    ({"model": {"parallelism": {"zero_stage": 3, "pipeline": 2}}}, "workload.model.parallelism.pipeline",
+     "zero_stage 3"),
+    ({"checkpoint": {"mode": "subset"}}, "workload.model.parallelism.data", "subset"),
+    ({"model": {"parallelism": {"tensor": "two"}}}, "workload.model.parallelism.tensor", "Integer"),
+    ({"model": {"model_datatype": "fp12"}}, "workload.model.model_datatype", "fp16"),
+])
+def test_bad_input_names_key_value_and_allowed(workload, key, allowed):
+    e = err(workload)
+    assert e.key == key
+    assert allowed in str(e)
+    assert str(e).startswith(f"invalid config: {key}=")

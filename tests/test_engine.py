@@ -1,0 +1,236 @@
+"""Streaming engine + POSIX backend on real files."""
+import hashlib
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from dlio_ckpt_ext.engine import BufferPool, ContentSpec, derive_seed, load_file, save_file
+from dlio_ckpt_ext.engine import content as content_mod
+from dlio_ckpt_ext.engine.buffers import PAGE
+from dlio_ckpt_ext.errors import StorageError, VerificationError
+from dlio_ckpt_ext.storage.base import Backend, Writer
+from dlio_ckpt_ext.storage.posix import PosixBackend, PosixOptions
+
+MiB = 1 << 20
+
+
+def backend(root, mode="direct"):
+    b = PosixBackend(str(root), PosixOptions(write_mode=mode, read_mode=mode))
+    b.prepare("ckpt")
+    return b
+
+
+def expected_bytes(spec, size):
+    """The file's content generated in one go, independently of the pipeline."""
+    gen = content_mod.generator(spec, size, chunk_size=size)
+    buf = bytearray(size)
+    assert gen.fill_chunk(buf) == size
+    return bytes(buf)
+
+
+@pytest.fixture
+def pool():
+    p = BufferPool(3, MiB)
+    yield p
+    p.close()
+
+
+@pytest.mark.parametrize("mode", ["direct", "buffered"])
+@pytest.mark.parametrize("size", [PAGE * 3 + 1, 2 * MiB + PAGE * 5 + 1, 5 * MiB, 1])
+def test_save_writes_exact_bytes_and_load_verifies(workdir, pool, mode, size):
+    b = backend(workdir, mode)
+    spec = ContentSpec(derive_seed(0, "ckpt", 0, f"f{size}"))
+    stats = save_file(b, "ckpt/f.pt", size, spec, pool)
+    path = workdir / "ckpt" / "f.pt"
+    assert path.stat().st_size == size
+    assert path.read_bytes() == expected_bytes(spec, size)
+    assert stats.nbytes == size and sum(c[1] for c in stats.chunks) == size
+    loaded = load_file(b, "ckpt/f.pt", size, pool, content=spec)
+    assert loaded.nbytes == size and loaded.fill_s > 0 and loaded.io_s > 0
+
+
+def test_parallel_range_readers_verify_whole_file(workdir, pool):
+    b = backend(workdir)
+    spec = ContentSpec(derive_seed(1, "x"))
+    size = 7 * MiB + 123
+    save_file(b, "ckpt/f.pt", size, spec, pool)
+    stats = load_file(b, "ckpt/f.pt", size, pool, content=spec, parallelism=2)
+    assert sorted(c[0] for c in stats.chunks) == [i * MiB for i in range(8)]
+
+
+def flip_byte(path, offset):
+    with open(path, "r+b") as fh:
+        fh.seek(offset)
+        byte = fh.read(1)
+        fh.seek(offset)
+        fh.write(bytes([byte[0] ^ 0x01]))
+
+
+@pytest.mark.parametrize("offset", [0, MiB + 17, 3 * MiB - 1])
+def test_verify_names_file_and_offset_of_a_flipped_byte(workdir, pool, offset):
+    b = backend(workdir)
+    spec = ContentSpec(derive_seed(2, "x"))
+    save_file(b, "ckpt/f.pt", 3 * MiB, spec, pool)
+    flip_byte(workdir / "ckpt" / "f.pt", offset)
+    with pytest.raises(VerificationError, match=f"f.pt differs .* at byte offset {offset}$"):
+        load_file(b, "ckpt/f.pt", 3 * MiB, pool, content=spec, parallelism=2)
+
+
+@pytest.mark.parametrize("new_size", [3 * MiB - 1, 3 * MiB + 1])
+def test_short_or_long_file_fails(workdir, pool, new_size):
+    b = backend(workdir)
+    spec = ContentSpec(derive_seed(3, "x"))
+    save_file(b, "ckpt/f.pt", 3 * MiB, spec, pool)
+    os.truncate(workdir / "ckpt" / "f.pt", new_size)
+    with pytest.raises(VerificationError, match=f"f.pt has {new_size} bytes, expected {3 * MiB}"):
+        load_file(b, "ckpt/f.pt", 3 * MiB, pool, content=spec)
+
+
+def test_missing_file_fails_naming_it(workdir, pool):
+    b = backend(workdir)
+    with pytest.raises(StorageError, match="missing checkpoint file .*ckpt/nope.pt"):
+        load_file(b, "ckpt/nope.pt", MiB, pool)
+
+
+class SlowCheckingWriter(Writer):
+    """Keeps what it is given and checks the buffer did not change while it
+    held it: a producer refilling a buffer still being written would show."""
+
+    def __init__(self):
+        self.data = bytearray()
+        self.changed = 0
+
+    def write(self, data):
+        before = hashlib.sha1(data).digest()
+        time.sleep(0.01)
+        if hashlib.sha1(data).digest() != before:
+            self.changed += 1
+        self.data += data
+
+    def close(self):
+        pass
+
+    def abort(self):
+        pass
+
+
+class MemoryBackend(Backend):
+    def __init__(self, writer):
+        self.writer = writer
+
+    def uri(self, path):
+        return f"mem://{path}"
+
+    def prepare(self, directory):
+        pass
+
+    def open_writer(self, path, size):
+        return self.writer
+
+    def open_reader(self, path):
+        raise NotImplementedError
+
+    def list_sizes(self, directory):
+        return {}
+
+    def remove(self, directory):
+        pass
+
+
+def test_pool_never_hands_out_a_buffer_still_being_written(pool):
+    writer = SlowCheckingWriter()
+    spec = ContentSpec(derive_seed(4, "x"))
+    size = 12 * MiB + 5
+    stats = save_file(MemoryBackend(writer), "f", size, spec, pool)
+    assert writer.changed == 0
+    assert bytes(writer.data) == expected_bytes(spec, size)
+    # the writer was the bottleneck, so the producer really waited for free buffers
+    assert stats.wait_free_s > 0 and stats.chunks_io_bound == len(stats.chunks)
+
+
+def test_file_seeds_never_reproduce_another_files_content():
+    parts = [(0, "global_epoch1_step1", 0, "a.pt"), (0, "global_epoch1_step1", 1, "a.pt"),
+             (0, "global_epoch1_step2", 0, "a.pt"), (0, "global_epoch1_step1", 0, "b.pt"),
+             (1, "global_epoch1_step1", 0, "a.pt")]
+    seeds = [derive_seed(*p) for p in parts]
+    assert len(set(seeds)) == len(seeds)
+    assert derive_seed(*parts[0]) == seeds[0]  # deterministic
+    blobs = [expected_bytes(ContentSpec(s), 4 * MiB) for s in seeds]
+    # no file equals another, nor another shifted by whole 1 MiB blocks
+    for i, a in enumerate(blobs):
+        for j, b in enumerate(blobs):
+            if i != j:
+                assert all(a[k * MiB:(k + 1) * MiB] not in b for k in range(4))
+
+
+def test_content_is_seekable_at_block_offsets():
+    spec = ContentSpec(derive_seed(5, "x"))
+    whole = expected_bytes(spec, 6 * MiB)
+    gen = content_mod.generator(spec, 2 * MiB, offset=3 * MiB, chunk_size=2 * MiB)
+    part = bytearray(2 * MiB)
+    gen.fill_chunk(part)
+    assert bytes(part) == whole[3 * MiB:5 * MiB]
+
+
+def test_dedup_and_compress_ratios_reach_dgen(workdir, pool):
+    import zlib
+    b = backend(workdir)
+    plain, squeezed = ContentSpec(7), ContentSpec(7, compress_ratio=4)
+    save_file(b, "ckpt/plain.pt", 4 * MiB, plain, pool)
+    save_file(b, "ckpt/squeezed.pt", 4 * MiB, squeezed, pool)
+    ratio = lambda p: len(p) / len(zlib.compress(p, 1))  # noqa: E731
+    assert ratio((workdir / "ckpt/squeezed.pt").read_bytes()) > 2 * ratio((workdir / "ckpt/plain.pt").read_bytes())
+    load_file(b, "ckpt/squeezed.pt", 4 * MiB, pool, content=squeezed)
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path):
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)], capture_output=True)
+    if res.returncode:
+        pytest.skip(f"cannot mount a tmpfs here: {res.stderr.decode().strip()}")
+    yield mnt
+    subprocess.run(["umount", str(mnt)])
+
+
+def test_enospc_names_file_and_removes_partial_file(small_tmpfs, pool):
+    b = backend(small_tmpfs, "buffered")  # tmpfs has no O_DIRECT
+    with pytest.raises(StorageError, match=r"cannot write .*ckpt/big.pt: No space left on device"):
+        save_file(b, "ckpt/big.pt", 8 * MiB, ContentSpec(1), pool)
+    assert not (small_tmpfs / "ckpt" / "big.pt").exists()
+
+
+def test_o_direct_unsupported_is_an_error_not_a_fallback(small_tmpfs, pool):
+    try:
+        os.close(os.open(small_tmpfs / "probe", os.O_WRONLY | os.O_CREAT | os.O_DIRECT))
+        pytest.skip("this kernel's tmpfs accepts O_DIRECT")
+    except OSError:
+        pass
+    b = backend(small_tmpfs, "direct")
+    with pytest.raises(StorageError, match="O_DIRECT is not supported .*write_mode=buffered"):
+        save_file(b, "ckpt/f.pt", MiB, ContentSpec(1), pool)
+
+
+def test_permission_denied_names_the_file(tmp_path):
+    """In a child that drops root (root ignores permission bits) after its imports."""
+    target = tmp_path / "locked"
+    target.mkdir(mode=0o755)
+    os.chmod(tmp_path, 0o755)
+    code = (
+        "import os\n"
+        "from dlio_ckpt_ext.engine import BufferPool, ContentSpec, save_file\n"
+        "from dlio_ckpt_ext.storage.posix import PosixBackend, PosixOptions\n"
+        "if os.geteuid() == 0:\n"
+        "    os.setgid(65534); os.setuid(65534)\n"
+        f"b = PosixBackend({str(target)!r}, PosixOptions())\n"
+        "save_file(b, 'f.pt', 4096, ContentSpec(1), BufferPool(2, 1 << 20))\n")
+    if os.geteuid() != 0:
+        os.chmod(target, 0o555)
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert res.returncode != 0
+    assert f"cannot create {target}/f.pt: Permission denied" in res.stderr
