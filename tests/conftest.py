@@ -23,5 +23,4 @@ def workdir(tmp_path: Path) -> Path:
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "slow: long-running; excluded from the default suite")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")

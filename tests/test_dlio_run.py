@@ -1,0 +1,115 @@
+"""End to end: mpirun + DLIO's own dlio_benchmark entry point + our presets."""
+import statistics
+import time
+
+import pytest
+
+from dlio_run import run_dlio
+
+TINY = dict(L=4, h=512, f=1792, V=8192, heads=8, kv=2)
+
+
+def zero3_file_sizes(L, h, f, V, heads, kv, ranks):
+    """Per-rank model/optimizer bytes for ZeRO-3, TP1 PP1 (DESIGN.md section 4)."""
+    dkv = h // heads * kv
+    s = ranks
+    layer = h // s + h * (h + 2 * dkv) // s + h * h // s + h // s + 2 * h * f // s + h * f // s
+    model = (L * layer + 2 * (h * V // s) + h // s) * 2
+    n = (2 * V * h + h + L * (2 * h + h * (h + 2 * dkv) + h * h + 3 * f * h)) // ranks
+    return model, (3 * n + 15 * h) * 4
+
+
+def test_tiny_preset_two_ranks_files_metrics_and_summary(workdir):
+    run = run_dlio(workdir, 2, "llama3_tiny_checkpoint", "++workload.checkpoint.num_checkpoints_write=3",
+                   "++workload.checkpoint.num_checkpoints_read=2", "++workload.streaming.verify=True",
+                   "++workload.streaming.chunk_size=4MiB")
+    assert run.returncode == 0, run.stderr[-3000:]
+
+    model, optim = zero3_file_sizes(**TINY, ranks=2)
+    on_disk = {str(p.relative_to(workdir / "ckpt")): p.stat().st_size for p in (workdir / "ckpt").rglob("*.pt")}
+    assert on_disk == {f"global_epoch1_step{s}/zero_pp_rank_{r}_mp_rank_00_{kind}_states.pt": size
+                       for s in (1, 2, 3) for r in (0, 1) for kind, size in (("model", model), ("optim", optim))}
+
+    summary = run.summary()
+    ranks = run.rank_stats()
+    assert [r["rank"] for r in ranks] == [0, 1]
+    assert summary["status"] == "success" and summary["ranks"] == 2 and summary["ranks_per_node"] == 2
+    assert summary["checkpoint_bytes"] == 2 * (model + optim)
+    assert summary["inventory"]["ok"] and summary["inventory"]["present"] == 12
+    assert summary["versions"]["dlio-benchmark"] == "2.0.0" and summary["versions"]["dgen-py"]
+    assert summary["config"]["effective"]["streaming"]["verify"] is True
+    assert summary["threads"]["gen_threads_per_rank"] >= 1
+
+    metrics = run.metrics()
+    for phase, count in (("save", 3), ("load", 2)):
+        # recompute each checkpoint's global window from the per-rank stats
+        durations, rates = [], []
+        for i in range(count):
+            recs = [r["phases"][phase][i] for r in ranks]
+            assert sum(len(r["files"]) for r in recs) == 4
+            for rec in recs:
+                assert sum(c[1] for f in rec["files"] for c in f["chunks"]) == rec["bytes"]
+            duration = max(r["end"] for r in recs) - min(r["start"] for r in recs)
+            durations.append(duration)
+            rates.append(sum(r["bytes"] for r in recs) / 2**30 / duration)
+        assert metrics[(phase, "duration")] == pytest.approx(
+            (statistics.fmean(durations), statistics.pstdev(durations)), abs=1e-4)
+        assert metrics[(phase, "I/O")] == pytest.approx(
+            (statistics.fmean(rates), statistics.pstdev(rates)), abs=1e-4)
+        assert summary[phase]["throughput_gib_s_mean"] == pytest.approx(statistics.fmean(rates))
+        assert len(summary[phase]["per_checkpoint"]) == count
+    assert "RESULTS (save):" in run.stdout and "bottleneck" in run.stdout
+
+
+def test_llama3_8b_scaled_down_four_ranks(workdir):
+    shape = dict(L=2, h=256, f=512, V=1024, heads=4, kv=2)
+    run = run_dlio(workdir, 4, "llama3_8b_checkpoint", "++workload.model.num_layers=2",
+                   "++workload.model.transformer.hidden_size=256", "++workload.model.transformer.ffn_hidden_size=512",
+                   "++workload.model.transformer.vocab_size=1024", "++workload.model.transformer.num_attention_heads=4",
+                   "++workload.model.transformer.num_kv_heads=2", "++workload.checkpoint.num_checkpoints_write=2",
+                   "++workload.checkpoint.num_checkpoints_read=1", "++workload.streaming.chunk_size=1MiB")
+    assert run.returncode == 0, run.stderr[-3000:]
+    model, optim = zero3_file_sizes(**shape, ranks=4)
+    sizes = sorted(p.stat().st_size for p in (workdir / "ckpt").rglob("*.pt"))
+    assert sizes == sorted([model] * 8 + [optim] * 8)
+    assert set(run.metrics()) == {("save", "duration"), ("save", "I/O"), ("load", "duration"), ("load", "I/O")}
+    assert run.summary()["ranks"] == 4
+
+
+@pytest.mark.parametrize("override, message", [
+    ("++workload.checkpoint.bogus=1", "workload.checkpoint.bogus=1; allowed: one of the keys"),
+    ("++workload.model.parallelism.tensor=3", "MPI world size=2; allowed: a multiple of tensor*pipeline = 3"),
+    ("++workload.checkpoint.num_checkpoints_read=20", "workload.checkpoint.num_checkpoints_read=20"),
+    ("++workload.storage.storage_type=hdfs", "workload.storage.storage_type='hdfs'; allowed: local_fs"),
+    ("++workload.checkpoint.checkpoint_mechanism_classname=dlio_ckpt_ext.config.RunConfig",
+     "checkpoint_mechanism_classname='dlio_ckpt_ext.config.RunConfig'; allowed: "
+     "dlio_ckpt_ext.dlio.mechanism.StreamingCheckpointing"),
+])
+def test_bad_input_fails_with_a_clear_error_and_no_metrics(workdir, override, message):
+    run = run_dlio(workdir, 2, "llama3_tiny_checkpoint", override)
+    assert run.returncode != 0
+    assert message in run.stderr
+    assert "[METRIC]" not in run.stdout
+    assert not (run.out / "summary.json").exists()
+
+
+def test_checkpoint_folder_that_cannot_be_created(workdir):
+    (workdir / "afile").write_text("x")
+    run = run_dlio(workdir, 2, "llama3_tiny_checkpoint",
+                   f"++workload.checkpoint.checkpoint_folder={workdir / 'afile' / 'sub'}")
+    assert run.returncode != 0
+    assert f"cannot create directory {workdir / 'afile' / 'sub'}" in run.stderr
+    assert "[METRIC]" not in run.stdout
+
+
+def test_one_failing_rank_aborts_the_whole_job(workdir):
+    # a directory where rank 1's first file goes: rank 1 fails, rank 0 would wait for it
+    blocker = workdir / "ckpt" / "global_epoch1_step1" / "zero_pp_rank_1_mp_rank_00_model_states.pt"
+    blocker.mkdir(parents=True)
+    t0 = time.monotonic()
+    run = run_dlio(workdir, 2, "llama3_tiny_checkpoint", timeout=120)
+    assert run.returncode != 0
+    assert time.monotonic() - t0 < 60
+    assert f"rank 1: checkpoint save 1 failed: cannot create {blocker}" in run.stderr
+    assert "[METRIC]" not in run.stdout
+    assert not (run.out / "summary.json").exists()
