@@ -32,19 +32,31 @@ from dlio_ckpt_ext.storage.posix import PosixBackend, PosixOptions
 GiB = float(1 << 30)
 
 
-def raw_write(path: str, size: int, chunk: int, direct: bool) -> float:
+_raw_buffers: list[mmap.mmap] = []
+
+
+def raw_buffers(chunk: int, depth: int) -> list[mmap.mmap]:
+    """The reference's aligned buffers, allocated and filled once and reused
+    like the engine's pool (fresh and long-lived pages differ for DMA in a VM)."""
+    if not _raw_buffers:
+        gen = dgen_py.Generator(size=chunk * depth, seed=1)
+        for _ in range(depth):
+            buf = mmap.mmap(-1, chunk)
+            gen.fill_chunk(buf)
+            _raw_buffers.append(buf)
+    return _raw_buffers
+
+
+def raw_write(path: str, size: int, chunk: int, direct: bool, depth: int = 4) -> float:
     """Reference: pre-filled aligned buffers written with os.write, then fsync.
     Timed like the engine: open (truncating the previous file) to close."""
-    bufs = [mmap.mmap(-1, chunk) for _ in range(4)]
-    gen = dgen_py.Generator(size=chunk * 4, seed=1)
-    for b in bufs:
-        gen.fill_chunk(b)
+    bufs = raw_buffers(chunk, depth)
     t0 = time.perf_counter()
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | (os.O_DIRECT if direct else 0), 0o644)
     done, i = 0, 0
     while done < size:
         n = min(chunk, size - done)
-        view = memoryview(bufs[i % 4])[:n]
+        view = memoryview(bufs[i % depth])[:n]
         while len(view):
             view = view[os.write(fd, view):]
         done += n
@@ -56,10 +68,8 @@ def raw_write(path: str, size: int, chunk: int, direct: bool) -> float:
 
 
 def raw_read(path: str, chunk: int, depth: int) -> float:
-    """Reference: sequential O_DIRECT preadv into `depth` aligned, pre-touched buffers."""
-    bufs = [mmap.mmap(-1, chunk) for _ in range(depth)]
-    for b in bufs:
-        b.write(b"\0" * chunk)
+    """Reference: sequential O_DIRECT preadv into `depth` aligned buffers."""
+    bufs = raw_buffers(chunk, depth)
     t0 = time.perf_counter()
     fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
     size = os.fstat(fd).st_size
@@ -169,16 +179,16 @@ def main() -> None:
         return rate
 
     engine_path = os.path.join(args.dir, "engine.bin")
-    warm_cache = lambda: raw_write(raw_path, size, chunk, False)  # noqa: E731
+    warm_cache = lambda: raw_write(raw_path, size, chunk, False, args.depth)  # noqa: E731
     cases = {  # name: (engine, reference, warm-up before the pair or None); reads share one file
-        "write_direct": (lambda: eng_write(direct), lambda: raw_write(raw_path, size, chunk, True), None),
+        "write_direct": (lambda: eng_write(direct), lambda: raw_write(raw_path, size, chunk, True, args.depth), None),
         "read_direct": (lambda: engine_read(direct, size, pool, False, threads),
                         lambda: raw_read(engine_path, chunk, args.depth), None),
         "read_verified": (lambda: engine_read(direct, size, pool, True, threads),
                           lambda: raw_read(engine_path, chunk, args.depth), None),
         # In a VM the first buffered write after a while is several times slower
         # than the next (fresh page-cache memory): warm it up before each pair.
-        "write_buffered": (lambda: eng_write(buffered), lambda: raw_write(raw_path, size, chunk, False),
+        "write_buffered": (lambda: eng_write(buffered), lambda: raw_write(raw_path, size, chunk, False, args.depth),
                            warm_cache),
     }
     if shutil.which("fio"):

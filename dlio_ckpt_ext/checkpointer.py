@@ -19,7 +19,8 @@ class Checkpointer:
         sto = cfg.storage
         self.backend: Backend = open_backend(sto.storage_type,
                                              join_root(sto.storage_root, cfg.checkpoint.checkpoint_folder),
-                                             dict(sto.storage_options), cfg.checkpoint.fsync)
+                                             dict(sto.storage_options), cfg.checkpoint.fsync,
+                                             ranks_per_node)
         self.gen_threads = gen_thread_budget(ranks_per_node, cfg.streaming.gen_threads)
         self.pool = BufferPool(cfg.streaming.pool_depth, cfg.chunk_size)
 

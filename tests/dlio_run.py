@@ -30,11 +30,16 @@ class Run:
         return [json.loads(Path(p).read_text()) for p in sorted(glob.glob(str(self.out / "rank_stats" / "*.json")))]
 
 
-def run_dlio(workdir: Path, np: int, workload: str, *overrides: str, timeout: int = 300) -> Run:
+def dlio_command(workdir: Path, np: int, workload: str, *overrides: str, checkpoint_folder=None) -> list[str]:
+    return [tool("mpirun"), "--allow-run-as-root", "--oversubscribe", "-np", str(np),
+            tool("dlio_benchmark"), f"workload={workload}", f"++workload.output.folder={workdir / 'out'}",
+            f"++workload.checkpoint.checkpoint_folder={checkpoint_folder or workdir / 'ckpt'}", *overrides]
+
+
+def run_dlio(workdir: Path, np: int, workload: str, *overrides: str, timeout: int = 300,
+             env: dict | None = None, checkpoint_folder: str | None = None) -> Run:
     out = workdir / "out"
-    cmd = [tool("mpirun"), "--allow-run-as-root", "--oversubscribe", "-np", str(np),
-           tool("dlio_benchmark"), f"workload={workload}", f"++workload.output.folder={out}",
-           f"++workload.checkpoint.checkpoint_folder={workdir / 'ckpt'}", *overrides]
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    cmd = dlio_command(workdir, np, workload, *overrides, checkpoint_folder=checkpoint_folder)
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", **(env or {})}
     res = subprocess.run(cmd, cwd=workdir, capture_output=True, text=True, timeout=timeout, env=env)
     return Run(res.returncode, res.stdout, res.stderr, out)

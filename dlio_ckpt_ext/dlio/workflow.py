@@ -92,6 +92,8 @@ class CheckpointOnlyBenchmark:
                                   f"{MECHANISM_CLASS} or a subclass (DLIO would otherwise fall back "
                                   "to its built-in mechanism)")
             self.mechanism = CheckpointingFactory().get_mechanism(self.args.checkpoint_mechanism)
+            if self.rank == 0:
+                self.mechanism.checkpointer.backend.probe()
             if not isinstance(self.mechanism, StreamingCheckpointing):
                 raise ConfigError("workload.checkpoint.checkpoint_mechanism_classname",
                                   self.args.checkpoint_mechanism_classname,

@@ -10,7 +10,8 @@ from dlio_ckpt_ext.storage.base import Backend, Reader, Writer
 __all__ = ["Backend", "Reader", "Writer", "open_backend"]
 
 
-def open_backend(storage_type: str, root: str, options: dict, fsync: bool = True) -> Backend:
+def open_backend(storage_type: str, root: str, options: dict, fsync: bool = True,
+                 ranks_per_node: int = 1) -> Backend:
     """The backend for `root` (a directory, or a URI for object storage)."""
     prefix = "workload.storage.storage_options."
     if storage_type in ("local_fs", "parallel_fs"):
@@ -21,7 +22,7 @@ def open_backend(storage_type: str, root: str, options: dict, fsync: bool = True
         return PosixBackend(root, structured(PosixOptions, options, prefix), fsync)
     if storage_type == "s3":
         from dlio_ckpt_ext.storage.objstore import ObjectBackend, ObjectOptions
-        return ObjectBackend(root, structured(ObjectOptions, options, prefix))
+        return ObjectBackend(root, structured(ObjectOptions, options, prefix), ranks_per_node)
     raise ConfigError("workload.storage.storage_type", storage_type, "local_fs, parallel_fs, s3")
 
 

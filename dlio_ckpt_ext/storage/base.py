@@ -10,6 +10,16 @@ from abc import ABC, abstractmethod
 class Writer(ABC):
     """Sequential writer of one file or object."""
 
+    #: True when the writer lends its own memory (reserve/commit) for the
+    #: generator to fill in place: no pool buffer and no copy on the way out
+    zero_copy: bool = False
+
+    def reserve(self, n: int) -> memoryview:
+        raise NotImplementedError
+
+    def commit(self, n: int) -> None:
+        raise NotImplementedError
+
     @abstractmethod
     def write(self, data: memoryview) -> None:
         """Append all of data. Only the last call of a file may be unaligned."""
@@ -55,6 +65,9 @@ class Backend(ABC):
     @abstractmethod
     def prepare(self, directory: str) -> None:
         """Make directory usable for writing; safe to call from many ranks."""
+
+    def probe(self) -> None:
+        """Fail fast (one cheap request, from one rank) if the storage is unusable."""
 
     @abstractmethod
     def open_writer(self, path: str, size: int) -> Writer:

@@ -1,0 +1,233 @@
+"""Object storage through s3dlio: s3://, and its file:// and direct://.
+
+S3 uploads stream as multipart uploads whose parts the generator fills in
+place (reserve/commit: no pool buffer, no copy); file:// and direct:// stream
+from the pool's buffers. s3dlio 0.10's az:// writer holds the whole object in
+memory and it has no gs:// writer, so those schemes are refused rather than
+run with unbounded memory. s3dlio reads its endpoint and credentials from
+the process environment at its first call, so options are applied there
+before anything touches s3dlio.
+"""
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from typing import Optional
+
+import s3dlio
+
+from dlio_ckpt_ext.config import parse_size
+from dlio_ckpt_ext.engine.threads import usable_cpus
+from dlio_ckpt_ext.errors import ConfigError, StorageError
+from dlio_ckpt_ext.storage.base import Backend, Reader, Writer
+
+SCHEMES = ("s3", "file", "direct")
+UNSTREAMABLE = {"az": "its Azure writer holds the whole object in memory",
+                "gs": "it has no streaming writer for Google Cloud Storage"}
+_ENV = {"endpoint_url": "AWS_ENDPOINT_URL", "region": "AWS_REGION",
+        "access_key_id": "AWS_ACCESS_KEY_ID", "secret_access_key": "AWS_SECRET_ACCESS_KEY"}
+
+
+@dataclass(frozen=True)
+class ObjectOptions:
+    endpoint_url: Optional[str] = None       # default: AWS_ENDPOINT_URL from the environment
+    region: Optional[str] = None             # default: AWS_REGION
+    access_key_id: Optional[str] = None      # default: AWS_ACCESS_KEY_ID (prefer the environment)
+    secret_access_key: Optional[str] = None  # default: AWS_SECRET_ACCESS_KEY (prefer the environment)
+    part_size: str = "32MiB"                 # multipart part size; keep it equal to the chunk size
+    max_in_flight: int = 16                  # parts uploading at once per object
+    runtime_threads: int = 0                 # s3dlio runtime threads; 0 = usable CPUs / ranks on this node
+
+    def __post_init__(self) -> None:
+        key = "workload.storage.storage_options."
+        size = parse_size(key + "part_size", self.part_size)
+        if size < 5 << 20:
+            raise ConfigError(key + "part_size", self.part_size, "at least 5MiB (the S3 minimum part size)")
+        if self.max_in_flight < 1:
+            raise ConfigError(key + "max_in_flight", self.max_in_flight, "a positive integer")
+        if self.runtime_threads < 0:
+            raise ConfigError(key + "runtime_threads", self.runtime_threads, "0 (automatic) or more")
+
+
+_NOT_FOUND = re.compile(r"not ?found|NoSuchKey|\b404\b", re.IGNORECASE)
+
+
+def _error(uri: str, action: str, exc: BaseException) -> StorageError:
+    text = str(exc)
+    if isinstance(exc, s3dlio.ObjectNotFoundError) or _NOT_FOUND.search(text):
+        return StorageError(f"missing checkpoint file {uri}")
+    return StorageError(f"{action} {uri}: {text}")
+
+
+class ObjectWriter(Writer):
+    zero_copy = True
+
+    def __init__(self, uri: str, part_size: int, max_in_flight: int, size: int) -> None:
+        self.uri, self.size = uri, size
+        try:
+            self.writer = s3dlio.MultipartUploadWriter.from_uri(uri, part_size=part_size,
+                                                                max_in_flight=max_in_flight,
+                                                                abort_on_drop=True)
+        except Exception as exc:
+            raise _error(uri, "cannot start upload of", exc) from exc
+
+    def reserve(self, n: int) -> memoryview:
+        try:
+            return self.writer.reserve(n)
+        except Exception as exc:
+            raise _error(self.uri, "cannot upload", exc) from exc
+
+    def commit(self, n: int) -> None:
+        try:
+            self.writer.commit(n)
+        except Exception as exc:
+            raise _error(self.uri, "cannot upload", exc) from exc
+
+    def write(self, data: memoryview) -> None:
+        try:
+            self.writer.write(data, copy=True)  # the caller reuses its buffer
+        except Exception as exc:
+            raise _error(self.uri, "cannot upload", exc) from exc
+
+    def close(self) -> None:
+        try:
+            info = self.writer.close()
+        except Exception as exc:
+            raise _error(self.uri, "cannot complete upload of", exc) from exc
+        if info.get("total_bytes") != self.size:
+            raise StorageError(f"upload of {self.uri} stored {info.get('total_bytes')} bytes, expected {self.size}")
+
+    def abort(self) -> None:
+        try:
+            self.writer.abort()
+        except Exception:  # noqa: BLE001 - best effort: the original error is what matters
+            pass
+
+
+class StreamWriter(Writer):
+    """file:// and direct:// through s3dlio's filesystem writers, which write
+    straight from the caller's buffer and release it when the call returns."""
+
+    def __init__(self, uri: str, size: int) -> None:
+        self.uri, self.size = uri, size
+        make = s3dlio.create_direct_filesystem_writer if uri.startswith("direct://") \
+            else s3dlio.create_filesystem_writer
+        try:
+            self.writer = make(uri)
+        except Exception as exc:
+            raise _error(uri, "cannot create", exc) from exc
+
+    def write(self, data: memoryview) -> None:
+        try:
+            self.writer.write_chunk(data)
+        except Exception as exc:
+            raise _error(self.uri, "cannot write", exc) from exc
+
+    def close(self) -> None:
+        try:
+            written = self.writer.finalize()[0]
+        except Exception as exc:
+            self.abort()
+            raise _error(self.uri, "cannot complete", exc) from exc
+        if written != self.size:
+            raise StorageError(f"{self.uri} has {written} bytes written, expected {self.size}")
+
+    def abort(self) -> None:
+        try:
+            self.writer.finalize()
+        except Exception:  # noqa: BLE001 - the file is deleted next either way
+            pass
+        try:
+            s3dlio.delete(self.uri)
+        except Exception:  # noqa: BLE001
+            pass
+
+
+class ObjectReader(Reader):
+    def __init__(self, uri: str) -> None:
+        self.uri = uri
+        try:
+            self.size = int(s3dlio.stat(uri)["size"])
+        except Exception as exc:
+            raise _error(uri, "cannot stat", exc) from exc
+
+    def readinto(self, offset: int, buf: memoryview, length: int) -> int:
+        try:
+            data = s3dlio.get_range(self.uri, offset, length)
+        except Exception as exc:
+            raise _error(self.uri, "cannot read", exc) from exc
+        n = len(data)
+        buf[:n] = data
+        return n
+
+
+class ObjectBackend(Backend):
+    def __init__(self, root: str, opts: ObjectOptions, ranks_per_node: int = 1) -> None:
+        scheme = root.split("://", 1)[0] if "://" in root else ""
+        if scheme in UNSTREAMABLE:
+            raise ConfigError("workload.storage.storage_root", root,
+                              f"s3://, file:// or direct:// (s3dlio {s3dlio.__version__}: {UNSTREAMABLE[scheme]}, "
+                              "which breaks the bounded-memory streaming this benchmark relies on)")
+        if scheme not in SCHEMES:
+            raise ConfigError("workload.storage.storage_root", root,
+                              "a URI starting with " + ", ".join(f"{s}://" for s in SCHEMES))
+        self.root, self.scheme, self.opts = root.rstrip("/"), scheme, opts
+        self.part_size = parse_size("part_size", opts.part_size)
+        self.runtime_threads = opts.runtime_threads or max(1, usable_cpus() // max(1, ranks_per_node))
+        # Before s3dlio's first call: it sizes its runtime and client then, once.
+        for key, env in _ENV.items():
+            if getattr(opts, key):
+                os.environ[env] = getattr(opts, key)
+        os.environ["S3DLIO_RT_THREADS"] = str(self.runtime_threads)
+        local = scheme in ("file", "direct")
+        self.reads_may_be_cached = local
+        self.read_cache_method = ("none: file:// and direct:// reads may come from the page cache" if local
+                                  else "none needed: every read is a request to the object server")
+
+    def uri(self, path: str) -> str:
+        return f"{self.root}/{path}" if path else self.root
+
+    def prepare(self, directory: str) -> None:
+        if self.scheme in ("file", "direct"):
+            try:
+                os.makedirs(self.uri(directory).split("://", 1)[1], exist_ok=True)
+            except OSError as exc:
+                raise StorageError(f"cannot create directory {self.uri(directory)}: {exc.strerror}") from exc
+
+    def probe(self) -> None:
+        """One cheap request that fails fast on a wrong endpoint, credentials or bucket."""
+        try:
+            s3dlio.list(self.uri("") + "/")
+        except Exception as exc:
+            raise StorageError(f"cannot reach {self.root} (endpoint {os.environ.get('AWS_ENDPOINT_URL')}): "
+                               f"{exc}") from exc
+
+    def open_writer(self, path: str, size: int) -> Writer:
+        if self.scheme == "s3":
+            return ObjectWriter(self.uri(path), self.part_size, self.opts.max_in_flight, size)
+        return StreamWriter(self.uri(path), size)
+
+    def open_reader(self, path: str) -> Reader:
+        return ObjectReader(self.uri(path))
+
+    def list_sizes(self, directory: str) -> dict[str, int]:
+        prefix = self.uri(directory) + "/"
+        try:
+            uris = s3dlio.list(prefix, recursive=True)
+            sizes = {u: int(s3dlio.stat(u)["size"]) for u in uris}
+        except Exception as exc:
+            raise StorageError(f"cannot list {prefix}: {exc}") from exc
+        return {u[len(self.root) + 1:]: s for u, s in sizes.items()}
+
+    def remove(self, directory: str) -> None:
+        try:
+            s3dlio.delete(self.uri(directory) + "/", recursive=True)
+        except Exception as exc:
+            raise StorageError(f"cannot delete {self.uri(directory)}: {exc}") from exc
+
+    def describe(self) -> dict:
+        return {"storage_type": "s3", "root": self.root, "scheme": self.scheme,
+                "endpoint_url": os.environ.get("AWS_ENDPOINT_URL"), "region": os.environ.get("AWS_REGION"),
+                "part_size": self.part_size, "max_in_flight": self.opts.max_in_flight,
+                "s3dlio_runtime_threads": self.runtime_threads, **super().describe()}
