@@ -56,8 +56,10 @@ def results_block(phase: str, report: dict) -> list[str]:
     return [f"RESULTS ({phase}):",
             f"  {gen_name:28s} {fmt(report['generation_gib_s_per_rank'], '.3f')} GiB/s per rank "
             f"({report['fill_s']:.3f} s)",
-            f"  {'I/O':28s} {fmt(report['io_gib_s_per_rank'], '.3f')} GiB/s per rank ({report['io_s']:.3f} s)",
-            f"  {'generation / I/O ratio':28s} {fmt(report['generation_to_io_ratio'], '.2f')}x",
+            f"  {'I/O':28s} {fmt(report['io_gib_s_per_rank'], '.3f')} GiB/s per rank ({report['io_s']:.3f} s, "
+            f"of which close/fsync/upload completion {report['close_s']:.3f} s)",
+            f"  {'generation / I/O ratio':28s} {fmt(report['generation_to_io_ratio'], '.2f')}"
+            + ("x" if report["generation_to_io_ratio"] else " (nothing generated: verify is off)"),
             f"  {'pipeline overhead':28s} {report['pipeline_overhead_pct']:.2f} %",
             f"  {'bottleneck':28s} {report['bottleneck']} (I/O-bound chunks: {report['chunks_io_bound']}, "
             f"generation-bound chunks: {report['chunks_fill_bound']})"]

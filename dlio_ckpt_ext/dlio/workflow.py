@@ -92,13 +92,14 @@ class CheckpointOnlyBenchmark:
                                   f"{MECHANISM_CLASS} or a subclass (DLIO would otherwise fall back "
                                   "to its built-in mechanism)")
             self.mechanism = CheckpointingFactory().get_mechanism(self.args.checkpoint_mechanism)
-            if self.rank == 0:
-                self.mechanism.checkpointer.backend.probe()
             if not isinstance(self.mechanism, StreamingCheckpointing):
                 raise ConfigError("workload.checkpoint.checkpoint_mechanism_classname",
                                   self.args.checkpoint_mechanism_classname,
                                   f"a class DLIO resolves to {MECHANISM_CLASS}; it built "
                                   f"{type(self.mechanism).__name__} instead")
+        if self.rank == 0:
+            with self._abort_on_error("checking the storage"):
+                self.mechanism.checkpointer.backend.probe()
         self.comm.barrier()
         if self.rank == 0:
             ck = self.mechanism.checkpointer

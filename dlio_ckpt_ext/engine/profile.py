@@ -36,7 +36,8 @@ class FileStats:
 def phase_totals(files: list[FileStats]) -> dict:
     """Sums one rank contributes to the generation-vs-I/O report of a phase."""
     return {"bytes": sum(f.nbytes for f in files), "fill_s": sum(f.fill_s for f in files),
-            "io_s": sum(f.io_s + f.close_s for f in files), "wall_s": sum(f.elapsed for f in files),
+            "io_s": sum(f.io_s + f.close_s for f in files), "close_s": sum(f.close_s for f in files),
+            "wall_s": sum(f.elapsed for f in files),
             "chunks_fill_bound": sum(f.chunks_fill_bound for f in files),
             "chunks_io_bound": sum(f.chunks_io_bound for f in files),
             "wait_free_s": sum(f.wait_free_s for f in files),

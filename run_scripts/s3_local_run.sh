@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Run a preset against a throw-away local S3 server (SeaweedFS on 127.0.0.1).
+#   run_scripts/s3_local_run.sh [NP] [WORKLOAD] [extra hydra overrides...]
+#   run_scripts/s3_local_run.sh 2 llama3_tiny_checkpoint ++workload.streaming.verify=True
+set -euo pipefail
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+venv="${VENV:-$repo/.venv}"
+np="${1:-2}"; workload="${2:-llama3_tiny_checkpoint}"; shift $(( $# > 2 ? 2 : $# ))
+export PATH="$venv/bin:$PATH"
+root=()
+[ "$(id -u)" = 0 ] && root=(--allow-run-as-root)
+exec "$venv/bin/python" -m dlio_ckpt_ext.local_s3 --bucket ckpt -- \
+  mpirun "${root[@]}" --oversubscribe -np "$np" dlio_benchmark "workload=$workload" \
+  ++workload.storage.storage_type=s3 ++workload.storage.storage_root=s3://ckpt "$@"

@@ -1,0 +1,89 @@
+"""End to end on object storage: mpirun + dlio_benchmark against a real SeaweedFS."""
+import os
+import subprocess
+import time
+
+import pytest
+
+from dlio_run import dlio_command, run_dlio
+from s3_server import SECRET_KEY, free_port, start_s3_server
+from test_dlio_run import TINY, zero3_file_sizes
+
+BUCKET = "ckpt"
+S3 = ["++workload.storage.storage_type=s3", "++workload.checkpoint.num_checkpoints_write=2",
+      "++workload.checkpoint.num_checkpoints_read=1"]
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory):
+    server = start_s3_server(tmp_path_factory.mktemp("seaweedfs"))
+    server.client().create_bucket(Bucket=BUCKET)
+    yield server
+    server.stop()
+
+
+def test_tiny_preset_on_s3_every_object_present_with_exact_size(s3, workdir):
+    # credentials through storage_options this time: they must not leak into any output
+    env = {k: v for k, v in s3.env().items() if k != "AWS_SECRET_ACCESS_KEY"}
+    run = run_dlio(workdir, 2, "llama3_tiny_checkpoint", *S3, "++workload.streaming.verify=True",
+                   f"++workload.storage.storage_root=s3://{BUCKET}/e2e",
+                   f"++workload.storage.storage_options.secret_access_key={SECRET_KEY}",
+                   env={**env, "AWS_SECRET_ACCESS_KEY": ""}, checkpoint_folder="tiny")
+    assert run.returncode == 0, run.stderr[-3000:]
+    model, optim = zero3_file_sizes(**TINY, ranks=2)
+    listed = s3.client().list_objects_v2(Bucket=BUCKET, Prefix="e2e/")["Contents"]
+    assert {o["Key"]: o["Size"] for o in listed} == {
+        f"e2e/tiny/global_epoch1_step{s}/zero_pp_rank_{r}_mp_rank_00_{kind}_states.pt": size
+        for s in (1, 2) for r in (0, 1) for kind, size in (("model", model), ("optim", optim))}
+    assert s3.client().list_multipart_uploads(Bucket=BUCKET).get("Uploads", []) == []
+    assert "[INFO] inventory: 8 files present, 8 expected, sizes match" in run.stdout
+    summary = run.summary()
+    assert summary["inventory"]["ok"] and summary["storage"]["scheme"] == "s3"
+    assert summary["storage"]["s3dlio_runtime_threads"] >= 1
+    assert summary["config"]["effective"]["storage"]["storage_options"]["secret_access_key"] == "<redacted>"
+    outputs = [run.stdout, run.stderr] + [p.read_text() for p in run.out.rglob("*.json")]
+    assert not any(SECRET_KEY in text for text in outputs)
+    assert set(run.metrics()) == {("save", "duration"), ("save", "I/O"), ("load", "duration"), ("load", "I/O")}
+
+
+@pytest.mark.parametrize("case", ["wrong secret", "missing bucket", "unreachable endpoint"])
+def test_unusable_object_store_fails_fast_with_a_clear_error(s3, workdir, case):
+    env, root = s3.env(), f"s3://{BUCKET}/x"
+    expected = {"wrong secret": "SignatureDoesNotMatch", "missing bucket": "NoSuchBucket",
+                "unreachable endpoint": "Connection refused"}[case]
+    if case == "wrong secret":
+        env = s3.env(secret="not-the-secret")
+    elif case == "missing bucket":
+        root = "s3://no-such-bucket/x"
+    else:
+        env["AWS_ENDPOINT_URL"] = f"http://127.0.0.1:{free_port()}"
+    t0 = time.monotonic()
+    run = run_dlio(workdir, 2, "llama3_tiny_checkpoint", *S3, f"++workload.storage.storage_root={root}",
+                   env=env, checkpoint_folder="c", timeout=120)
+    assert run.returncode != 0
+    assert time.monotonic() - t0 < 30 + 15  # 30 s for the storage, a margin for DLIO's start-up
+    assert "checking the storage failed: cannot reach" in run.stderr and expected in run.stderr
+    assert "[METRIC]" not in run.stdout
+
+
+def test_server_killed_mid_run_gives_an_error_not_a_hang(tmp_path):
+    server = start_s3_server(tmp_path / "seaweedfs")
+    server.client().create_bucket(Bucket=BUCKET)
+    cmd = dlio_command(tmp_path, 2, "llama3_tiny_checkpoint", "++workload.storage.storage_type=s3",
+                       f"++workload.storage.storage_root=s3://{BUCKET}/k",
+                       "++workload.checkpoint.num_checkpoints_write=50", "++workload.checkpoint.num_checkpoints_read=0",
+                       checkpoint_folder="c")
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, **server.env()})
+    try:
+        for line in proc.stdout:
+            if "checkpoint save 1/" in line:
+                break
+        server.stop()
+        out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+        server.stop()
+    assert proc.returncode != 0
+    assert "[ERROR] rank" in err and "s3://ckpt/k/c/global_epoch1_step" in err
+    assert "[METRIC]" not in out
