@@ -36,7 +36,7 @@ class ObjectOptions:
     access_key_id: Optional[str] = None      # default: AWS_ACCESS_KEY_ID (prefer the environment)
     secret_access_key: Optional[str] = None  # default: AWS_SECRET_ACCESS_KEY (prefer the environment)
     part_size: str = "32MiB"                 # multipart part size; keep it equal to the chunk size
-    max_in_flight: int = 16                  # parts uploading at once per object
+    max_in_flight: int = 16                  # parts of one object in client memory at once (see below)
     runtime_threads: int = 0                 # s3dlio runtime threads; 0 = usable CPUs / ranks on this node
 
     def __post_init__(self) -> None:
@@ -60,6 +60,13 @@ def _error(uri: str, action: str, exc: BaseException) -> StorageError:
     return StorageError(f"{action} {uri}: {text}")
 
 
+def s3dlio_in_flight(max_in_flight: int) -> int:
+    """s3dlio 0.10 holds up to 2n+1 parts in memory for max_in_flight=n
+    (n uploading, about as many queued: measured by bench/s3_bench.py), so n
+    is chosen to keep the parts held within our max_in_flight."""
+    return max(1, (max_in_flight - 1) // 2)
+
+
 class ObjectWriter(Writer):
     zero_copy = True
 
@@ -67,7 +74,7 @@ class ObjectWriter(Writer):
         self.uri, self.size = uri, size
         try:
             self.writer = s3dlio.MultipartUploadWriter.from_uri(uri, part_size=part_size,
-                                                                max_in_flight=max_in_flight,
+                                                                max_in_flight=s3dlio_in_flight(max_in_flight),
                                                                 abort_on_drop=True)
         except Exception as exc:
             raise _error(uri, "cannot start upload of", exc) from exc
@@ -230,4 +237,5 @@ class ObjectBackend(Backend):
         return {"storage_type": "s3", "root": self.root, "scheme": self.scheme,
                 "endpoint_url": os.environ.get("AWS_ENDPOINT_URL"), "region": os.environ.get("AWS_REGION"),
                 "part_size": self.part_size, "max_in_flight": self.opts.max_in_flight,
+                "s3dlio_max_in_flight": s3dlio_in_flight(self.opts.max_in_flight),
                 "s3dlio_runtime_threads": self.runtime_threads, **super().describe()}
