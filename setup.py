@@ -11,5 +11,9 @@ setup(
     # as a package so hydra finds it with pkg://dlio_ckpt_ext.configs.
     package_dir={"dlio_ckpt_ext.configs": "configs/dlio"},
     package_data={"dlio_ckpt_ext.configs": ["workload/*.yaml"]},
+    entry_points={"console_scripts": [
+        "dlio-ckpt-report=dlio_ckpt_ext.report.cli:main",
+        "dlio-ckpt-submit=dlio_ckpt_ext.submit:main",
+    ]},
     install_requires=["hydra-core>=1.3", "omegaconf>=2.3", "numpy", "dgen-py>=0.3", "s3dlio>=0.10", "mpi4py"],
 )

@@ -23,6 +23,7 @@ import sys
 import time
 
 import dgen_py
+from tqdm import tqdm
 
 from dlio_ckpt_ext.config import parse_size
 from dlio_ckpt_ext.engine import BufferPool, ContentSpec, load_file, save_file
@@ -84,8 +85,15 @@ def raw_read(path: str, chunk: int, depth: int) -> float:
     return size / GiB / (time.perf_counter() - t0)
 
 
-def engine_write(backend: PosixBackend, size: int, pool: BufferPool, threads: int) -> tuple[float, float]:
-    st = save_file(backend, "engine.bin", size, ContentSpec(12345), pool, threads)
+def engine_write(backend: PosixBackend, size: int, pool: BufferPool, threads: int,
+                 progress: bool = False) -> tuple[float, float]:
+    """Our engine; with progress, a tqdm bar updated per chunk as rank 0 does
+    on a terminal (drawn to /dev/null here, at the same cost)."""
+    if progress:
+        with open(os.devnull, "w") as sink, tqdm(total=size, unit="B", unit_scale=True, file=sink) as bar:
+            st = save_file(backend, "engine.bin", size, ContentSpec(12345), pool, threads, bar.update)
+    else:
+        st = save_file(backend, "engine.bin", size, ContentSpec(12345), pool, threads)
     return size / GiB / st.elapsed, size / GiB / (st.io_s + st.close_s)
 
 
@@ -111,9 +119,9 @@ def fio_write(path: str, size: int, chunk: int) -> float | None:
     engine's figure includes (fio's start-up, a few ms, is counted against it)."""
     if not shutil.which("fio"):
         return None
-    if os.path.exists(path):
-        os.unlink(path)
     t0 = time.perf_counter()
+    if os.path.exists(path):  # the others truncate their previous file inside their timing too
+        os.unlink(path)
     subprocess.run(["fio", "--name=w", f"--filename={path}", "--rw=write", f"--bs={chunk}", "--direct=1",
                     f"--size={size}", "--end_fsync=1", "--ioengine=psync", "--fallocate=none",
                     "--output-format=json"], capture_output=True, check=True)
@@ -172,10 +180,10 @@ def main() -> None:
 
     io_rates: list[float] = []
 
-    def eng_write(backend):
-        rate, io = engine_write(backend, size, pool, threads)
-        if backend is direct:  # the I/O rate the generation capacity is compared with
-            io_rates.append(io)
+    def eng_write(backend, gen_threads=threads, progress=False):
+        rate, io = engine_write(backend, size, pool, gen_threads, progress)
+        if backend is direct and gen_threads == threads and not progress:
+            io_rates.append(io)  # the I/O rate the generation capacity is compared with
         return rate
 
     engine_path = os.path.join(args.dir, "engine.bin")
@@ -191,6 +199,11 @@ def main() -> None:
         "write_buffered": (lambda: eng_write(buffered), lambda: raw_write(raw_path, size, chunk, False, args.depth),
                            warm_cache),
     }
+    if threads > 1:
+        # on a small VM the generator's CPU slows the storage path itself: show one thread too
+        cases["write_direct_1_thread"] = (lambda: eng_write(direct, 1),
+                                          lambda: raw_write(raw_path, size, chunk, True, args.depth), None)
+    cases["progress_bar"] = (lambda: eng_write(direct, progress=True), lambda: eng_write(direct), None)
     if shutil.which("fio"):
         cases["write_fio"] = (lambda: eng_write(direct), lambda: fio_write(raw_path, size, chunk), None)
     pairs: dict[str, list[tuple[float, float]]] = {k: [] for k in cases}
@@ -212,6 +225,7 @@ def main() -> None:
                                                                 "read_verified"))
     fio = pairs.get("write_fio", [])
     gen = [fill_only(size, pool, threads) for _ in range(args.reps)]
+    gen_1 = [fill_only(size, pool, 1) for _ in range(args.reps)]
     os.unlink(raw_path)
     os.unlink(os.path.join(args.dir, "engine.bin"))
 
@@ -223,6 +237,9 @@ def main() -> None:
     res["generation_gib_s"] = statistics.median(gen)
     res["engine_io_gib_s"] = statistics.median(io_rates)
     res["generation_capacity_ratio"] = res["generation_gib_s"] / res["engine_io_gib_s"]
+    res["generation_1_thread_gib_s"] = statistics.median(gen_1)
+    res["generation_1_thread_capacity_ratio"] = res["generation_1_thread_gib_s"] / res["engine_io_gib_s"]
+    res["pair_ratios"] = {k: median_ratio(v) for k, v in pairs.items()}
     res["medians_gib_s"] = {k: [statistics.median(a for a, _ in v), statistics.median(b for _, b in v)]
                             for k, v in (("write_direct", w_direct), ("write_buffered", w_buf),
                                          ("read_direct", reads), ("read_verified", reads_verify))}
@@ -235,11 +252,17 @@ def main() -> None:
     print(f"{'write O_DIRECT, engine / raw os.write':64s} {res['write_direct_ratio']:.3f}")
     if fio:
         print(f"{'write O_DIRECT, engine / fio (wall clock)':64s} {res['write_vs_fio_ratio']:.3f}")
+    if "write_direct_1_thread" in pairs:
+        print(f"{'write O_DIRECT, engine with 1 generator thread / raw os.write':64s} "
+              f"{res['pair_ratios']['write_direct_1_thread']:.3f}")
     print(f"{'write buffered + fsync, engine / raw os.write':64s} {res['write_buffered_fsync_ratio']:.3f}")
     print(f"{'read O_DIRECT, engine / raw preadv':64s} {res['read_direct_ratio']:.3f}")
     print(f"{'read O_DIRECT + verify every byte, engine / raw preadv':64s} {res['read_verified_ratio']:.3f}")
     print(f"{'generation capacity: fill-only / engine I/O GiB/s':64s} {res['generation_capacity_ratio']:.2f}x "
           f"({res['generation_gib_s']:.2f} / {res['engine_io_gib_s']:.2f}, {threads} threads)")
+    print(f"{'generation capacity with 1 thread':64s} {res['generation_1_thread_capacity_ratio']:.2f}x")
+    print(f"{'progress bar: engine with tqdm updated per chunk / without':64s} "
+          f"{res['pair_ratios']['progress_bar']:.3f}")
     if rss_size:
         r = res["rss"]
         print(f"{'peak RSS writing ' + str(rss_size >> 30) + ' GiB, pool ' + str(r['pool_bytes'] >> 20) + ' MiB':64s} "

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dlio_ckpt_ext import plan
 from dlio_ckpt_ext.config import RunConfig
 from dlio_ckpt_ext.engine import BufferPool, ContentSpec, FileStats, derive_seed, load_file, save_file
+from dlio_ckpt_ext.engine.stream import Progress
 from dlio_ckpt_ext.engine.threads import gen_thread_budget
 from dlio_ckpt_ext.errors import StorageError
 from dlio_ckpt_ext.storage import Backend, join_root, open_backend
@@ -45,25 +46,28 @@ class Checkpointer:
                 for s in steps for r in range(self.comm_size) for f in self.files(r)}
 
     # -- I/O --------------------------------------------------------------
+    def rank_bytes(self, rank: int) -> int:
+        return sum(f.size for f in self.files(rank))
+
     def prepare(self) -> None:
         self.backend.prepare("")
 
-    def save(self, step: int, epoch: int = 1) -> list[FileStats]:
+    def save(self, step: int, epoch: int = 1, progress: Progress = None) -> list[FileStats]:
         directory = plan.checkpoint_dir(step, epoch)
         files = self.files(self.rank)
         if files:
             self.backend.prepare(directory)
         return [save_file(self.backend, f"{directory}/{f.name}", f.size,
-                          self.content(directory, self.rank, f.name), self.pool, self.gen_threads)
+                          self.content(directory, self.rank, f.name), self.pool, self.gen_threads, progress)
                 for f in files]
 
-    def load(self, step: int, epoch: int = 1) -> list[FileStats]:
+    def load(self, step: int, epoch: int = 1, progress: Progress = None) -> list[FileStats]:
         directory = plan.checkpoint_dir(step, epoch)
         src = self.source_rank()
         st = self.cfg.streaming
         return [load_file(self.backend, f"{directory}/{f.name}", f.size, self.pool,
                           self.content(directory, src, f.name) if st.verify else None,
-                          st.read_parallelism, self.gen_threads)
+                          st.read_parallelism, self.gen_threads, progress)
                 for f in self.files(src)]
 
     def inventory(self, steps: list[int], epoch: int = 1) -> dict:

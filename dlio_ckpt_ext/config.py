@@ -179,10 +179,10 @@ def load_config(workload: DictConfig | dict, comm_size: int) -> RunConfig:
     if c.num_checkpoints_write + c.num_checkpoints_read == 0:
         raise ConfigError("workload.checkpoint.num_checkpoints_write", 0,
                           "at least 1 checkpoint written or read")
-    if c.num_checkpoints_read > c.num_checkpoints_write:
+    if 0 < c.num_checkpoints_write < c.num_checkpoints_read:
         raise ConfigError("workload.checkpoint.num_checkpoints_read", c.num_checkpoints_read,
-                          f"at most num_checkpoints_write ({c.num_checkpoints_write}): "
-                          "only checkpoints written by this run are read")
+                          f"at most num_checkpoints_write ({c.num_checkpoints_write}), or set "
+                          "num_checkpoints_write=0 to read checkpoints an earlier run wrote")
     if c.time_between_checkpoints < 0:
         raise ConfigError("workload.checkpoint.time_between_checkpoints", c.time_between_checkpoints,
                           "seconds >= 0")

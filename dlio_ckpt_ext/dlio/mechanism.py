@@ -20,6 +20,7 @@ from dlio_ckpt_ext.config import load_config
 from dlio_ckpt_ext.dlio import context
 from dlio_ckpt_ext.dlio.mpi import topology
 from dlio_ckpt_ext.engine.profile import FileStats
+from dlio_ckpt_ext.engine.stream import Progress
 
 
 class StreamingCheckpointing(BaseCheckpointing):
@@ -47,13 +48,13 @@ class StreamingCheckpointing(BaseCheckpointing):
         self.records: dict[str, list[tuple[int, list[FileStats]]]] = {"save": [], "load": []}
 
     # -- the checkpoint operations -----------------------------------------
-    def save_checkpoint(self, epoch: int, step_number: int) -> list[FileStats]:
-        files = self.checkpointer.save(step_number, epoch)
+    def save_checkpoint(self, epoch: int, step_number: int, progress: Progress = None) -> list[FileStats]:
+        files = self.checkpointer.save(step_number, epoch, progress)
         self.records["save"].append((step_number, files))
         return files
 
-    def load_checkpoint(self, epoch: int, step_number: int) -> list[FileStats]:
-        files = self.checkpointer.load(step_number, epoch)
+    def load_checkpoint(self, epoch: int, step_number: int, progress: Progress = None) -> list[FileStats]:
+        files = self.checkpointer.load(step_number, epoch, progress)
         self.records["load"].append((step_number, files))
         return files
 

@@ -1,6 +1,7 @@
 """Where this rank sits in the job, and how a failure ends the whole job."""
 from __future__ import annotations
 
+import os
 import sys
 import traceback
 from dataclasses import dataclass
@@ -40,3 +41,19 @@ def _expected(exc: BaseException) -> bool:
     """Errors whose message says it all (no traceback needed)."""
     from dlio_ckpt_ext.errors import ConfigError, StorageError
     return isinstance(exc, (ConfigError, StorageError))
+
+
+def stdout_is_terminal() -> bool:
+    """Whether what this rank prints reaches a person's terminal.
+
+    Open MPI gives every rank a pseudo-terminal even when mpirun's own output
+    goes to a pipe or a file, so under mpirun the launcher's stdout decides.
+    """
+    if not sys.stdout.isatty():
+        return False
+    if "OMPI_COMM_WORLD_RANK" in os.environ or "PMIX_RANK" in os.environ:
+        try:
+            return os.readlink(f"/proc/{os.getppid()}/fd/1").startswith(("/dev/pts/", "/dev/tty"))
+        except OSError:
+            return False
+    return True

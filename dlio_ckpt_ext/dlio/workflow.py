@@ -9,6 +9,7 @@ and a fallback to DLIO's built-in mechanism is refused, not run.
 from __future__ import annotations
 
 import contextlib
+import datetime
 import os
 import shutil
 import sys
@@ -19,12 +20,13 @@ from dlio_benchmark.checkpointing.checkpointing_factory import CheckpointingFact
 from dlio_benchmark.utils.config import ConfigArguments, LoadConfig
 from dlio_benchmark.utils.utility import DLIOMPI
 from omegaconf import DictConfig, OmegaConf
+from tqdm import tqdm
 
 from dlio_ckpt_ext.checkpointer import inventory_error
 from dlio_ckpt_ext.config import MECHANISM_CLASS, load_config
 from dlio_ckpt_ext.dlio import metrics, provenance
 from dlio_ckpt_ext.dlio.mechanism import StreamingCheckpointing
-from dlio_ckpt_ext.dlio.mpi import abort
+from dlio_ckpt_ext.dlio.mpi import abort, stdout_is_terminal
 from dlio_ckpt_ext.engine.profile import phase_report, phase_totals
 from dlio_ckpt_ext.engine.threads import usable_cpus
 from dlio_ckpt_ext.errors import ConfigError
@@ -32,9 +34,18 @@ from dlio_ckpt_ext.errors import ConfigError
 SECRET_WORDS = ("secret", "password", "token", "credential", "access_key", "session")
 
 
+def _secret(key: str) -> bool:
+    return any(word in key.lower() for word in SECRET_WORDS)
+
+
 def redact(options: dict) -> dict:
     """Storage options with credentials replaced, for anything we write out."""
-    return {k: ("<redacted>" if any(w in k.lower() for w in SECRET_WORDS) else v) for k, v in options.items()}
+    return {k: ("<redacted>" if _secret(k) else v) for k, v in options.items()}
+
+
+def redact_args(argv: list[str]) -> list[str]:
+    """A command line with the values of credential overrides replaced."""
+    return [f"{a.split('=', 1)[0]}=<redacted>" if "=" in a and _secret(a.split("=", 1)[0]) else a for a in argv]
 
 
 class CheckpointOnlyBenchmark:
@@ -113,8 +124,9 @@ class CheckpointOnlyBenchmark:
         self.start_time = time.time()
         self._phase("save", c.num_checkpoints_write, self.mechanism.save_checkpoint)
         self.comm.barrier()
-        if c.num_checkpoints_write:
-            self._check_inventory(list(range(1, c.num_checkpoints_write + 1)))
+        # After writing, check what was written; in a read-only run (checkpoints
+        # an earlier run wrote), check that what is about to be read is there.
+        self._check_inventory(list(range(1, max(c.num_checkpoints_write, c.num_checkpoints_read) + 1)))
         self._phase("load", c.num_checkpoints_read, self.mechanism.load_checkpoint)
         self.comm.barrier()
         self.end_time = time.time()
@@ -126,9 +138,9 @@ class CheckpointOnlyBenchmark:
                 time.sleep(c.time_between_checkpoints)  # idle compute time: outside the window
             if c.rank_sync:
                 self.comm.barrier()
-            with self._abort_on_error(f"checkpoint {phase} {step}"):
+            with self._abort_on_error(f"checkpoint {phase} {step}"), self._progress(phase, step, count) as bar:
                 start = time.time()
-                files = action(1, step)
+                files = action(1, step, bar)
                 end = time.time()
             record = metrics.local_record(step, files, start, end)
             self.local[phase].append(record)
@@ -138,6 +150,20 @@ class CheckpointOnlyBenchmark:
                 self.windows[phase].append(window)
                 print(f"[INFO] checkpoint {phase} {step}/{count}: {window['bytes'] / metrics.GiB:.3f} GiB in "
                       f"{window['duration_s']:.4f} s = {window['throughput_gib_s']:.4f} GiB/s", flush=True)
+
+    @contextlib.contextmanager
+    def _progress(self, phase: str, step: int, count: int):
+        """Rank 0's own bytes of this checkpoint, with rate and ETA, on a terminal
+        only (a log file gets the [INFO] lines). Updated from the I/O thread once
+        per chunk; its cost is measured by bench/engine_bench.py."""
+        if self.rank != 0 or not stdout_is_terminal():
+            yield None
+            return
+        ck = self.mechanism.checkpointer
+        total = ck.rank_bytes(ck.rank if phase == "save" else ck.source_rank())
+        with tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, leave=False, file=sys.stdout,
+                  desc=f"rank 0 {phase} {step}/{count}") as bar:
+            yield bar.update
 
     def _check_inventory(self, steps: list[int]) -> None:
         """Rank 0 lists once and compares with the plan; nobody else lists."""
@@ -187,24 +213,41 @@ class CheckpointOnlyBenchmark:
         metrics.write_json(os.path.join(self.output_folder, "summary.json"), self._summary(reports))
         print(f"[INFO] results in {self.output_folder}", flush=True)
 
-    def _summary(self, reports: dict) -> dict:
+    def _manifest(self) -> dict:
+        """What makes two results comparable: code, environment and settings."""
         mech, rc = self.mechanism, self.run_config
-        ck = mech.checkpointer
-        topo = mech.topology
-        size = sum(ck.expected_sizes([1]).values())
-        sections = asdict(rc.sections)
+        ck, topo = mech.checkpointer, mech.topology
+        return {"versions": provenance.versions(), "git_commit": provenance.git_commit(),
+                "command": redact_args(sys.argv), "model": rc.model.name,
+                "start_time": self.start_time, "end_time": self.end_time,
+                "start_time_utc": _utc(self.start_time), "end_time_utc": _utc(self.end_time),
+                "ranks": self.size, "hosts": list(topo.hosts), "num_hosts": topo.num_hosts,
+                "ranks_per_node": topo.ranks_per_node,
+                "threads": {"gen_threads_per_rank": ck.gen_threads, "usable_cpus": usable_cpus()},
+                "storage": ck.backend.describe(),
+                "cache_method": ck.backend.read_cache_method,
+                "reads_may_be_cached": ck.backend.reads_may_be_cached}
+
+    def _effective_config(self) -> tuple[dict, dict]:
+        """Our validated sections and DLIO's whole workload, credentials redacted."""
+        sections = asdict(self.run_config.sections)
         sections["storage"]["storage_options"] = redact(sections["storage"]["storage_options"])
         workload = OmegaConf.to_container(self.workload, resolve=True)
         if "storage" in workload and "storage_options" in workload["storage"]:
             workload["storage"]["storage_options"] = redact(dict(workload["storage"]["storage_options"]))
+        return sections, workload
+
+    def _summary(self, reports: dict) -> dict:
+        ck = self.mechanism.checkpointer
+        size = sum(ck.expected_sizes([1]).values())
+        manifest = self._manifest()
+        sections, workload = self._effective_config()
+        metrics.write_json(os.path.join(self.output_folder, "manifest.json"), manifest)
+        with open(os.path.join(self.output_folder, "effective_config.yaml"), "w") as fh:
+            fh.write(OmegaConf.to_yaml({"workload": workload}))
         out = {"status": "success", "benchmark": "dlio-ckpt-ext streaming checkpoint",
-               "model": rc.model.name, "start_time": self.start_time, "end_time": self.end_time,
                "checkpoint_bytes": size, "checkpoint_gib": size / metrics.GiB,
-               "ranks": self.size, "hosts": list(topo.hosts), "num_hosts": topo.num_hosts,
-               "ranks_per_node": topo.ranks_per_node,
-               "threads": {"gen_threads_per_rank": ck.gen_threads, "usable_cpus": usable_cpus()},
-               "storage": ck.backend.describe(), "inventory": self.inventory,
-               "versions": provenance.versions(), "git_commit": provenance.git_commit(),
+               **manifest, "inventory": self.inventory,
                "config": {"effective": sections, "workload": workload}}
         for phase in ("save", "load"):
             w = self.windows[phase]
@@ -214,3 +257,7 @@ class CheckpointOnlyBenchmark:
                           "throughput_gib_s_mean": t_mean, "throughput_gib_s_std": t_std,
                           "per_checkpoint": w, "results": reports[phase]}
         return out
+
+
+def _utc(t: float) -> str:
+    return datetime.datetime.fromtimestamp(t, datetime.timezone.utc).isoformat(timespec="seconds")

@@ -27,6 +27,7 @@ class Chunk:
     consume_s: float = 0.0
     wait_free_s: float = 0.0    # producer waiting for an empty buffer
     wait_filled_s: float = 0.0  # consumer waiting for a full buffer
+    done_at: float = 0.0        # wall clock when the consumer finished it
     buffer: Optional[memoryview] = None
 
 
@@ -92,6 +93,7 @@ def run(pool: BufferPool, producers: list[Producer], consume: Consumer) -> list[
             item.wait_filled_s = t1 - t0
             consume(item)
             item.consume_s = time.perf_counter() - t1
+            item.done_at = time.time()
             buf, item.buffer = item.buffer, None
             free.put(buf)
             chunks.append(item)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import time
-from typing import Optional
+from typing import Callable, Optional
 
 import numpy as np
 
@@ -16,6 +16,9 @@ from dlio_ckpt_ext.engine.profile import FileStats
 from dlio_ckpt_ext.errors import VerificationError
 from dlio_ckpt_ext.storage.base import Backend, Writer
 
+
+#: called with the byte count of each chunk as it completes (e.g. a progress bar)
+Progress = Optional[Callable[[int], None]]
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c"))
 _libc.memcmp.argtypes = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)
@@ -53,10 +56,10 @@ def _record(stats: FileStats, chunks: list[Chunk], fill_stage: Optional[str]) ->
             stats.chunks_fill_bound += 1
         else:
             stats.chunks_io_bound += 1
-        stats.chunks.append([c.offset, c.nbytes, fill, io, c.wait_free_s, c.wait_filled_s])
+        stats.chunks.append([c.offset, c.nbytes, fill, io, c.wait_free_s, c.wait_filled_s, c.done_at])
 
 
-def _fill_in_place(writer: Writer, gen, size: int, chunk: int) -> list[Chunk]:
+def _fill_in_place(writer: Writer, gen, size: int, chunk: int, progress: Progress) -> list[Chunk]:
     """Generate straight into memory the writer lends (reserve), then hand it
     over (commit). Reserve and commit block only while the writer's uploads in
     flight are full, so their time is time spent waiting on storage."""
@@ -70,13 +73,16 @@ def _fill_in_place(writer: Writer, gen, size: int, chunk: int) -> list[Chunk]:
             raise RuntimeError(f"dgen-py filled fewer than {n} bytes at offset {offset}")
         t2 = time.perf_counter()
         writer.commit(n)
-        chunks.append(Chunk(offset, n, produce_s=t2 - t1, consume_s=(t1 - t0) + (time.perf_counter() - t2)))
+        chunks.append(Chunk(offset, n, produce_s=t2 - t1, consume_s=(t1 - t0) + (time.perf_counter() - t2),
+                            done_at=time.time()))
         del view
+        if progress:
+            progress(n)
     return chunks
 
 
 def save_file(backend: Backend, path: str, size: int, content: ContentSpec, pool: BufferPool,
-              gen_threads: int = 1) -> FileStats:
+              gen_threads: int = 1, progress: Progress = None) -> FileStats:
     """Generate `size` bytes of `content` and write them to `path`.
 
     On any failure the partial file is removed (Writer.abort) before the
@@ -102,9 +108,13 @@ def save_file(backend: Backend, path: str, size: int, content: ContentSpec, pool
             return chunk
 
         if writer.zero_copy and size:
-            chunks = _fill_in_place(writer, gen, size, pool.buffer_size)
+            chunks = _fill_in_place(writer, gen, size, pool.buffer_size, progress)
         else:
-            chunks = pipeline.run(pool, [fill], lambda c: writer.write(c.buffer[:c.nbytes]))
+            def write(c: Chunk) -> None:
+                writer.write(c.buffer[:c.nbytes])
+                if progress:
+                    progress(c.nbytes)
+            chunks = pipeline.run(pool, [fill], write)
         t0 = time.perf_counter()
         writer.close()
         stats.close_s = time.perf_counter() - t0
@@ -131,7 +141,7 @@ def _ranges(size: int, chunk: int, parallelism: int) -> list[tuple[int, int]]:
 
 def load_file(backend: Backend, path: str, size: int, pool: BufferPool,
               content: Optional[ContentSpec] = None, parallelism: int = 1,
-              gen_threads: int = 1) -> FileStats:
+              gen_threads: int = 1, progress: Progress = None) -> FileStats:
     """Read `path` back; with `content`, compare every byte with the regenerated data.
 
     A missing file, a size other than `size`, or any differing byte raises an
@@ -177,8 +187,12 @@ def load_file(backend: Backend, path: str, size: int, pool: BufferPool,
                 raise VerificationError(f"{backend.uri(path)} differs from the written data at byte "
                                         f"offset {c.offset + first}")
 
-        chunks = pipeline.run(pool, [range_reader(s, e) for s, e in ranges],
-                              verify if content is not None else (lambda c: None))
+        def consume(c: Chunk) -> None:
+            if content is not None:
+                verify(c)
+            if progress:
+                progress(c.nbytes)
+        chunks = pipeline.run(pool, [range_reader(s, e) for s, e in ranges], consume)
     finally:
         reader.close()
     stats.end = time.time()

@@ -1,0 +1,74 @@
+"""dlio-ckpt-report: look at results after a run.
+
+  dlio-ckpt-report run RESULTS_DIR [--out report.png]
+  dlio-ckpt-report compare RESULTS_A RESULTS_B
+  dlio-ckpt-report sweep SWEEP_DIR [--out-dir DIR]
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from dlio_ckpt_ext.report.results import ResultsError, load_result
+
+
+def _run(args) -> int:
+    from dlio_ckpt_ext.report.plots import run_report
+    result = load_result(args.results)
+    out = Path(args.out or Path(args.results) / "report.png")
+    run_report(result, out)
+    s = result.summary
+    for phase in ("save", "load"):
+        t = result.throughput(phase)
+        if t:
+            print(f"checkpoint {phase}: {t[0]:.4f} (\u00b1{t[1]:.4f}) GiB/s over {s[phase]['checkpoints']} checkpoints")
+    print(f"report: {out}")
+    return 0
+
+
+def _compare(args) -> int:
+    from dlio_ckpt_ext.report.compare import compare
+    lines, _ = compare(load_result(args.a), load_result(args.b))
+    print("\n".join(lines))
+    return 0
+
+
+def _sweep(args) -> int:
+    from dlio_ckpt_ext.report.plots import sweep_chart
+    from dlio_ckpt_ext.report.sweep import sweep_table, write_tables
+    swept, rows = sweep_table(args.sweep)
+    out_dir = Path(args.out_dir or args.sweep)
+    csv_path, md_path = write_tables(swept, rows, out_dir)
+    png = sweep_chart(swept, rows, out_dir / "sweep.png")
+    print(md_path.read_text(), end="")
+    print(f"tables: {csv_path}, {md_path}\nchart: {png}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="dlio-ckpt-report", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("run", help="PNG of one run: per-chunk timeline and per-checkpoint throughput")
+    p.add_argument("results", help="a run's results directory (holds summary.json and rank_stats/)")
+    p.add_argument("--out", help="PNG path (default RESULTS/report.png)")
+    p.set_defaults(func=_run)
+    p = sub.add_parser("compare", help="two results side by side, flagging what differs")
+    p.add_argument("a")
+    p.add_argument("b")
+    p.set_defaults(func=_compare)
+    p = sub.add_parser("sweep", help="table (CSV, markdown) and PNG chart of a hydra multirun sweep")
+    p.add_argument("sweep", help="the sweep directory (hydra.sweep.dir: numbered job directories)")
+    p.add_argument("--out-dir", help="where to write sweep.csv, sweep.md, sweep.png (default SWEEP)")
+    p.set_defaults(func=_sweep)
+    args = ap.parse_args(argv)
+    try:
+        return args.func(args)
+    except ResultsError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,60 @@
+"""A hydra multirun directory -> one row per job, keyed by the swept overrides."""
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import yaml
+
+from dlio_ckpt_ext.report.results import ResultsError, load_result
+
+COLUMNS = ("save_gib_s", "save_std", "save_duration_s", "load_gib_s", "load_std", "load_duration_s")
+
+
+def _overrides(job: Path) -> dict[str, str]:
+    path = job / ".hydra" / "overrides.yaml"
+    items = yaml.safe_load(path.read_text()) if path.exists() else []
+    return dict(item.lstrip("+").split("=", 1) for item in items or [] if "=" in item)
+
+
+def sweep_table(sweep_dir: str | Path) -> tuple[list[str], list[dict]]:
+    """(swept parameter names, rows) for every completed job of the sweep."""
+    root = Path(sweep_dir)
+    if not root.is_dir():
+        raise ResultsError(f"{root}: no such directory")
+    jobs = sorted((p for p in root.iterdir() if p.is_dir() and p.name.isdigit()), key=lambda p: int(p.name))
+    if not jobs:
+        raise ResultsError(f"{root} is not a sweep directory: no numbered job directories "
+                           "(run dlio_benchmark -m ... and give its hydra.sweep.dir)")
+    rows, overrides = [], []
+    for job in jobs:
+        result = load_result(job)  # an incomplete job is an error, not a silent gap
+        s = result.summary
+        row = {"job": int(job.name)}
+        for phase in ("save", "load"):
+            p = s.get(phase) or {}
+            row[f"{phase}_gib_s"] = p.get("throughput_gib_s_mean")
+            row[f"{phase}_std"] = p.get("throughput_gib_s_std")
+            row[f"{phase}_duration_s"] = p.get("duration_s_mean")
+        overrides.append(_overrides(job))
+        rows.append(row)
+    keys = sorted({k for o in overrides for k in o})
+    swept = [k for k in keys if len({o.get(k) for o in overrides}) > 1]
+    for row, o in zip(rows, overrides):
+        row.update({k: o.get(k) for k in swept})
+    return swept, rows
+
+
+def write_tables(swept: list[str], rows: list[dict], out_dir: Path) -> tuple[Path, Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    columns = ["job", *swept, *COLUMNS]
+    csv_path, md_path = out_dir / "sweep.csv", out_dir / "sweep.md"
+    with open(csv_path, "w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=columns)
+        writer.writeheader()
+        writer.writerows(rows)
+    fmt = lambda v: "-" if v is None else (f"{v:.4f}" if isinstance(v, float) else str(v))  # noqa: E731
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(fmt(r.get(c)) for c in columns) + " |" for r in rows]
+    md_path.write_text("\n".join(lines) + "\n")
+    return csv_path, md_path

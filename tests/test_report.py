@@ -1,0 +1,136 @@
+"""Report, compare, sweep and submission tools fed with real benchmark runs."""
+import csv
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from conftest import tool
+from dlio_ckpt_ext.report.cli import main as report_main
+from dlio_ckpt_ext.submit import Submission, check_closed_rules, effective_config
+from dlio_run import run_dlio
+
+SMALL = ["++workload.checkpoint.num_checkpoints_write=2", "++workload.checkpoint.num_checkpoints_read=2"]
+
+
+@pytest.fixture(scope="module")
+def two_runs(tmp_path_factory):
+    """Two real runs that differ in one setting (the chunk size)."""
+    runs, ckpt = [], tmp_path_factory.mktemp("ckpt")
+    for chunk in ("4MiB", "8MiB"):
+        d = tmp_path_factory.mktemp(f"run{chunk}")
+        run = run_dlio(d, 2, "llama3_tiny_checkpoint", *SMALL, f"++workload.streaming.chunk_size={chunk}",
+                       checkpoint_folder=str(ckpt))
+        assert run.returncode == 0, run.stderr[-2000:]
+        runs.append(run)
+    return runs
+
+
+def assert_real_picture(path, min_colours=20):
+    img = np.asarray(Image.open(path).convert("RGB"))
+    assert img.shape[0] > 300 and img.shape[1] > 500
+    assert len(np.unique(img.reshape(-1, 3), axis=0)) >= min_colours  # not a blank canvas
+
+
+def test_results_directory_has_summary_manifest_config_and_rank_stats(two_runs):
+    out = two_runs[0].out
+    manifest = json.loads((out / "manifest.json").read_text())
+    for key in ("versions", "git_commit", "hosts", "ranks_per_node", "threads", "storage", "cache_method",
+                "start_time_utc", "end_time_utc"):
+        assert key in manifest
+    assert "chunk_size: 4MiB" in (out / "effective_config.yaml").read_text()
+    assert len(list((out / "rank_stats").glob("rank_*.json"))) == 2
+
+
+def test_run_report_png_and_printed_numbers(two_runs, capsys):
+    out = two_runs[0].out
+    assert report_main(["run", str(out)]) == 0
+    printed = capsys.readouterr().out
+    summary = two_runs[0].summary()
+    assert f"checkpoint save: {summary['save']['throughput_gib_s_mean']:.4f}" in printed
+    assert_real_picture(out / "report.png")
+
+
+def test_compare_flags_the_changed_setting_next_to_the_throughput_change(two_runs, capsys):
+    a, b = (r.out for r in two_runs)
+    assert report_main(["compare", str(a), str(b)]) == 0
+    printed = capsys.readouterr().out
+    sa, sb = two_runs[0].summary(), two_runs[1].summary()
+    change = 100 * (sb["save"]["throughput_gib_s_mean"] - sa["save"]["throughput_gib_s_mean"]) / \
+        sa["save"]["throughput_gib_s_mean"]
+    assert f"{sa['save']['throughput_gib_s_mean']:.4f}" in printed and f"{change:+.1f}%" in printed
+    assert "settings: 1 difference(s)" in printed
+    assert "! streaming.chunk_size: '4MiB' -> '8MiB'" in printed
+    assert "versions: same" in printed and "environment: same" in printed
+
+
+def test_sweep_with_hydra_multirun_gives_tables_and_chart(tmp_path):
+    sweep = tmp_path / "sweep"
+    cmd = [tool("mpirun"), "--allow-run-as-root", "--oversubscribe", "-np", "2", tool("dlio_benchmark"), "-m",
+           "workload=llama3_tiny_checkpoint", *SMALL, "++workload.streaming.pool_depth=2,4",
+           f"++workload.checkpoint.checkpoint_folder={tmp_path / 'ckpt'}", f"hydra.sweep.dir={sweep}"]
+    res = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert report_main(["sweep", str(sweep)]) == 0
+    rows = list(csv.DictReader(open(sweep / "sweep.csv")))
+    assert [r["workload.streaming.pool_depth"] for r in rows] == ["2", "4"]
+    for row in rows:
+        summary = json.loads((sweep / row["job"] / "summary.json").read_text())
+        assert float(row["save_gib_s"]) == pytest.approx(summary["save"]["throughput_gib_s_mean"])
+        assert float(row["load_gib_s"]) == pytest.approx(summary["load"]["throughput_gib_s_mean"])
+        assert summary["config"]["effective"]["streaming"]["pool_depth"] == int(row["workload.streaming.pool_depth"])
+    assert len((sweep / "sweep.md").read_text().splitlines()) == 4
+    assert_real_picture(sweep / "sweep.png", min_colours=10)
+
+
+def test_report_commands_reject_what_is_not_a_complete_results_directory(two_runs, tmp_path, capsys):
+    assert report_main(["run", str(tmp_path)]) == 2
+    assert "is not a results directory: it has no summary.json" in capsys.readouterr().err
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "summary.json").write_text((two_runs[0].out / "summary.json").read_text())
+    (broken / "rank_stats").mkdir()
+    assert report_main(["compare", str(broken), str(two_runs[1].out)]) == 2
+    assert "is incomplete: 0 of 2 per-rank stats files" in capsys.readouterr().err
+    assert report_main(["sweep", str(tmp_path)]) == 2
+    assert "not a sweep directory" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("module", ["dlio_ckpt_ext.report", "dlio_ckpt_ext.submit"])
+def test_entry_points_have_help(module):
+    res = subprocess.run([sys.executable, "-m", module, "--help"], capture_output=True, text=True)
+    assert res.returncode == 0 and "usage:" in res.stdout
+
+
+def test_closed_rules():
+    ok = Submission("llama3_8b_checkpoint", ["n1", "n2"], 4)
+    assert check_closed_rules(ok, effective_config(ok), True, 64 << 30) == []
+    bad = Submission("llama3_8b_checkpoint", ["n1", "n2", "n3", "n4"], 2,
+                     ["++workload.checkpoint.num_checkpoints_read=5", "++workload.checkpoint.fsync=False"])
+    problems = check_closed_rules(bad, effective_config(bad), False, 128 << 30)
+    assert any("2 ranks per host" in p for p in problems)
+    assert any("num_checkpoints_read is 5" in p for p in problems)
+    assert any("fsync is off" in p for p in problems)
+    # 2 of 8 ranks (14.05 GB each) write 262 GiB per host over 10 checkpoints: under 3x 128 GiB of RAM
+    assert any("less than 3x its RAM" in p for p in problems)
+    subset = Submission("llama3_8b_checkpoint", ["n1"], 4,
+                        ["++workload.checkpoint.mode=subset", "++workload.model.parallelism.data=8"])
+    assert check_closed_rules(subset, effective_config(subset), True, 64 << 30) == []
+
+
+def test_submission_run_writes_then_reads_back_within_30_seconds(tmp_path):
+    res = subprocess.run([tool("dlio-ckpt-submit"), "--workload", "llama3_tiny_checkpoint", "--ranks-per-host", "2",
+                          "--open", "--results-dir", str(tmp_path / "sub"), "--", *SMALL,
+                          "++workload.streaming.verify=True",
+                          f"++workload.checkpoint.checkpoint_folder={tmp_path / 'ckpt'}"],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    report = json.loads((tmp_path / "sub" / "submission.json").read_text())
+    assert report["division"] == "OPEN" and any("2 ranks per host" in v for v in report["closed_rule_violations"])
+    assert 0 < report["read_start_after_write_s"] < 30
+    read = json.loads((tmp_path / "sub" / "read" / "summary.json").read_text())
+    assert read["load"]["checkpoints"] == 2 and read["save"]["checkpoints"] == 0
+    assert read["inventory"]["ok"]
