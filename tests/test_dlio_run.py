@@ -1,10 +1,13 @@
 """End to end: mpirun + DLIO's own dlio_benchmark entry point + our presets."""
+import shlex
+import shutil
 import statistics
+import subprocess
 import time
 
 import pytest
 
-from dlio_run import run_dlio
+from dlio_run import dlio_command, run_dlio
 
 TINY = dict(L=4, h=512, f=1792, V=8192, heads=8, kv=2)
 
@@ -113,3 +116,17 @@ def test_one_failing_rank_aborts_the_whole_job(workdir):
     assert f"rank 1: checkpoint save 1 failed: cannot create {blocker}" in run.stderr
     assert "[METRIC]" not in run.stdout
     assert not (run.out / "summary.json").exists()
+
+
+@pytest.mark.skipif(shutil.which("script") is None, reason="util-linux 'script' (a pseudo-terminal) is missing")
+def test_progress_bar_only_on_a_terminal(workdir):
+    cmd = " ".join(shlex.quote(c) for c in dlio_command(workdir, 2, "llama3_tiny_checkpoint",
+                                                         "++workload.checkpoint.num_checkpoints_write=2",
+                                                         "++workload.checkpoint.num_checkpoints_read=1"))
+    on_tty = subprocess.run(["script", "-qec", cmd, "/dev/null"], capture_output=True, text=True, timeout=300)
+    assert on_tty.returncode == 0, on_tty.stdout[-2000:]
+    assert "rank 0 save 1/2" in on_tty.stdout and "rank 0 load 1/1" in on_tty.stdout
+    piped = run_dlio(workdir, 2, "llama3_tiny_checkpoint", "++workload.checkpoint.num_checkpoints_write=2",
+                     "++workload.checkpoint.num_checkpoints_read=1")
+    assert piped.returncode == 0 and "rank 0 save" not in piped.stdout + piped.stderr
+    assert "[METRIC] Checkpoint save duration" in piped.stdout

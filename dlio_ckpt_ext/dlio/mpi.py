@@ -5,6 +5,7 @@ import os
 import sys
 import traceback
 from dataclasses import dataclass
+from typing import Optional, TextIO
 
 
 @dataclass(frozen=True)
@@ -43,17 +44,19 @@ def _expected(exc: BaseException) -> bool:
     return isinstance(exc, (ConfigError, StorageError))
 
 
-def stdout_is_terminal() -> bool:
-    """Whether what this rank prints reaches a person's terminal.
+def user_terminal() -> Optional[TextIO]:
+    """A stream to the person's terminal, or None when output goes to a file or pipe.
 
-    Open MPI gives every rank a pseudo-terminal even when mpirun's own output
-    goes to a pipe or a file, so under mpirun the launcher's stdout decides.
+    Under mpirun a rank's stdout is Open MPI's forwarding, which hands every
+    rank a pseudo-terminal (even when mpirun's own output is piped) and keeps
+    only the text after a line's last carriage return, so a redrawn progress
+    bar never shows. The launcher's stdout says whether a person is watching;
+    when it is a terminal, write there directly.
     """
-    if not sys.stdout.isatty():
-        return False
-    if "OMPI_COMM_WORLD_RANK" in os.environ or "PMIX_RANK" in os.environ:
-        try:
-            return os.readlink(f"/proc/{os.getppid()}/fd/1").startswith(("/dev/pts/", "/dev/tty"))
-        except OSError:
-            return False
-    return True
+    if "OMPI_COMM_WORLD_RANK" not in os.environ and "PMIX_RANK" not in os.environ:
+        return sys.stdout if sys.stdout.isatty() else None
+    try:
+        target = os.readlink(f"/proc/{os.getppid()}/fd/1")
+        return open(target, "w") if target.startswith(("/dev/pts/", "/dev/tty")) else None
+    except OSError:
+        return None

@@ -26,7 +26,7 @@ from dlio_ckpt_ext.checkpointer import inventory_error
 from dlio_ckpt_ext.config import MECHANISM_CLASS, load_config
 from dlio_ckpt_ext.dlio import metrics, provenance
 from dlio_ckpt_ext.dlio.mechanism import StreamingCheckpointing
-from dlio_ckpt_ext.dlio.mpi import abort, stdout_is_terminal
+from dlio_ckpt_ext.dlio.mpi import abort, user_terminal
 from dlio_ckpt_ext.engine.profile import phase_report, phase_totals
 from dlio_ckpt_ext.engine.threads import usable_cpus
 from dlio_ckpt_ext.errors import ConfigError
@@ -156,14 +156,23 @@ class CheckpointOnlyBenchmark:
         """Rank 0's own bytes of this checkpoint, with rate and ETA, on a terminal
         only (a log file gets the [INFO] lines). Updated from the I/O thread once
         per chunk; its cost is measured by bench/engine_bench.py."""
-        if self.rank != 0 or not stdout_is_terminal():
+        term = user_terminal() if self.rank == 0 else None
+        if term is None:
             yield None
             return
         ck = self.mechanism.checkpointer
         total = ck.rank_bytes(ck.rank if phase == "save" else ck.source_rank())
-        with tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, leave=False, file=sys.stdout,
-                  desc=f"rank 0 {phase} {step}/{count}") as bar:
-            yield bar.update
+        try:
+            width = os.get_terminal_size(term.fileno()).columns or 100
+        except OSError:
+            width = 100
+        try:
+            with tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, leave=False, file=term,
+                      ncols=width, desc=f"rank 0 {phase} {step}/{count}") as bar:
+                yield bar.update
+        finally:
+            if term is not sys.stdout:
+                term.close()
 
     def _check_inventory(self, steps: list[int]) -> None:
         """Rank 0 lists once and compares with the plan; nobody else lists."""

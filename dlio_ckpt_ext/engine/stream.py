@@ -59,6 +59,23 @@ def _record(stats: FileStats, chunks: list[Chunk], fill_stage: Optional[str]) ->
         stats.chunks.append([c.offset, c.nbytes, fill, io, c.wait_free_s, c.wait_filled_s, c.done_at])
 
 
+def _sequential(start: int, end: int, chunk: int, action: Callable[[memoryview, int, int], None]):
+    """A pipeline producer handing out [start, end) in chunk-sized pieces;
+    action(buf, offset, n) puts the n bytes at offset into buf[:n]."""
+    offset = start
+
+    def produce(buf: memoryview) -> Optional[Chunk]:
+        nonlocal offset
+        if offset >= end:
+            return None
+        n = min(chunk, end - offset)
+        action(buf, offset, n)
+        piece = Chunk(offset, n)
+        offset += n
+        return piece
+    return produce
+
+
 def _fill_in_place(writer: Writer, gen, size: int, chunk: int, progress: Progress) -> list[Chunk]:
     """Generate straight into memory the writer lends (reserve), then hand it
     over (commit). Reserve and commit block only while the writer's uploads in
@@ -92,20 +109,12 @@ def save_file(backend: Backend, path: str, size: int, content: ContentSpec, pool
     writer = backend.open_writer(path, size)
     try:
         gen = generator(content, size, threads=gen_threads, chunk_size=pool.buffer_size) if size else None
-        next_offset = 0
 
-        def fill(buf: memoryview) -> Optional[Chunk]:
-            nonlocal next_offset
-            if next_offset >= size:
-                return None
-            n = min(pool.buffer_size, size - next_offset)
+        def fill(buf: memoryview, offset: int, n: int) -> None:
             got = gen.fill_chunk(buf[:n])
             if got != n:
-                raise RuntimeError(f"dgen-py filled {got} bytes instead of {n} at offset "
-                                   f"{next_offset} of {backend.uri(path)}")
-            chunk = Chunk(next_offset, n)
-            next_offset += n
-            return chunk
+                raise RuntimeError(f"dgen-py filled {got} bytes instead of {n} at offset {offset} "
+                                   f"of {backend.uri(path)}")
 
         if writer.zero_copy and size:
             chunks = _fill_in_place(writer, gen, size, pool.buffer_size, progress)
@@ -114,7 +123,7 @@ def save_file(backend: Backend, path: str, size: int, content: ContentSpec, pool
                 writer.write(c.buffer[:c.nbytes])
                 if progress:
                     progress(c.nbytes)
-            chunks = pipeline.run(pool, [fill], write)
+            chunks = pipeline.run(pool, [_sequential(0, size, pool.buffer_size, fill)], write)
         t0 = time.perf_counter()
         writer.close()
         stats.close_s = time.perf_counter() - t0
@@ -156,22 +165,10 @@ def load_file(backend: Backend, path: str, size: int, pool: BufferPool,
         if content is not None and len(ranges) > 1 and not content.seekable:
             raise ValueError("parallel verified reads need dedup_ratio = compress_ratio = 1")
 
-        def range_reader(start: int, end: int):
-            offset = start
-
-            def read(buf: memoryview) -> Optional[Chunk]:
-                nonlocal offset
-                if offset >= end:
-                    return None
-                want = min(pool.buffer_size, end - offset)
-                got = reader.readinto(offset, buf, want)
-                if got != want:
-                    raise VerificationError(f"{backend.uri(path)} ended at byte {offset + got}, "
-                                            f"expected {size} bytes")
-                chunk = Chunk(offset, want)
-                offset += want
-                return chunk
-            return read
+        def read(buf: memoryview, offset: int, n: int) -> None:
+            got = reader.readinto(offset, buf, n)
+            if got != n:
+                raise VerificationError(f"{backend.uri(path)} ended at byte {offset + got}, expected {size} bytes")
 
         gens: dict[int, object] = {}
         expected = pool.scratch() if content is not None else None
@@ -192,7 +189,7 @@ def load_file(backend: Backend, path: str, size: int, pool: BufferPool,
                 verify(c)
             if progress:
                 progress(c.nbytes)
-        chunks = pipeline.run(pool, [range_reader(s, e) for s, e in ranges], consume)
+        chunks = pipeline.run(pool, [_sequential(s, e, pool.buffer_size, read) for s, e in ranges], consume)
     finally:
         reader.close()
     stats.end = time.time()

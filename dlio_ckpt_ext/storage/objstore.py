@@ -10,6 +10,7 @@ before anything touches s3dlio.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 from dataclasses import dataclass
@@ -60,6 +61,17 @@ def _error(uri: str, action: str, exc: BaseException) -> StorageError:
     return StorageError(f"{action} {uri}: {text}")
 
 
+@contextlib.contextmanager
+def _errors(uri: str, action: str):
+    """s3dlio raises plain RuntimeErrors: turn them into StorageErrors naming the object."""
+    try:
+        yield
+    except StorageError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - s3dlio's errors have no common base
+        raise _error(uri, action, exc) from exc
+
+
 def s3dlio_in_flight(max_in_flight: int) -> int:
     """s3dlio 0.10 holds up to 2n+1 parts in memory for max_in_flight=n
     (n uploading, about as many queued: measured by bench/s3_bench.py), so n
@@ -72,36 +84,26 @@ class ObjectWriter(Writer):
 
     def __init__(self, uri: str, part_size: int, max_in_flight: int, size: int) -> None:
         self.uri, self.size = uri, size
-        try:
+        with _errors(uri, "cannot start upload of"):
             self.writer = s3dlio.MultipartUploadWriter.from_uri(uri, part_size=part_size,
                                                                 max_in_flight=s3dlio_in_flight(max_in_flight),
                                                                 abort_on_drop=True)
-        except Exception as exc:
-            raise _error(uri, "cannot start upload of", exc) from exc
 
     def reserve(self, n: int) -> memoryview:
-        try:
+        with _errors(self.uri, "cannot upload"):
             return self.writer.reserve(n)
-        except Exception as exc:
-            raise _error(self.uri, "cannot upload", exc) from exc
 
     def commit(self, n: int) -> None:
-        try:
+        with _errors(self.uri, "cannot upload"):
             self.writer.commit(n)
-        except Exception as exc:
-            raise _error(self.uri, "cannot upload", exc) from exc
 
     def write(self, data: memoryview) -> None:
-        try:
+        with _errors(self.uri, "cannot upload"):
             self.writer.write(data, copy=True)  # the caller reuses its buffer
-        except Exception as exc:
-            raise _error(self.uri, "cannot upload", exc) from exc
 
     def close(self) -> None:
-        try:
+        with _errors(self.uri, "cannot complete upload of"):
             info = self.writer.close()
-        except Exception as exc:
-            raise _error(self.uri, "cannot complete upload of", exc) from exc
         if info.get("total_bytes") != self.size:
             raise StorageError(f"upload of {self.uri} stored {info.get('total_bytes')} bytes, expected {self.size}")
 
@@ -120,16 +122,12 @@ class StreamWriter(Writer):
         self.uri, self.size = uri, size
         make = s3dlio.create_direct_filesystem_writer if uri.startswith("direct://") \
             else s3dlio.create_filesystem_writer
-        try:
+        with _errors(uri, "cannot create"):
             self.writer = make(uri)
-        except Exception as exc:
-            raise _error(uri, "cannot create", exc) from exc
 
     def write(self, data: memoryview) -> None:
-        try:
+        with _errors(self.uri, "cannot write"):
             self.writer.write_chunk(data)
-        except Exception as exc:
-            raise _error(self.uri, "cannot write", exc) from exc
 
     def close(self) -> None:
         try:
@@ -154,16 +152,12 @@ class StreamWriter(Writer):
 class ObjectReader(Reader):
     def __init__(self, uri: str) -> None:
         self.uri = uri
-        try:
+        with _errors(uri, "cannot stat"):
             self.size = int(s3dlio.stat(uri)["size"])
-        except Exception as exc:
-            raise _error(uri, "cannot stat", exc) from exc
 
     def readinto(self, offset: int, buf: memoryview, length: int) -> int:
-        try:
+        with _errors(self.uri, "cannot read"):
             data = s3dlio.get_range(self.uri, offset, length)
-        except Exception as exc:
-            raise _error(self.uri, "cannot read", exc) from exc
         n = len(data)
         buf[:n] = data
         return n
@@ -220,18 +214,13 @@ class ObjectBackend(Backend):
 
     def list_sizes(self, directory: str) -> dict[str, int]:
         prefix = self.uri(directory) + "/"
-        try:
-            uris = s3dlio.list(prefix, recursive=True)
-            sizes = {u: int(s3dlio.stat(u)["size"]) for u in uris}
-        except Exception as exc:
-            raise StorageError(f"cannot list {prefix}: {exc}") from exc
+        with _errors(prefix, "cannot list"):
+            sizes = {u: int(s3dlio.stat(u)["size"]) for u in s3dlio.list(prefix, recursive=True)}
         return {u[len(self.root) + 1:]: s for u, s in sizes.items()}
 
     def remove(self, directory: str) -> None:
-        try:
+        with _errors(self.uri(directory), "cannot delete"):
             s3dlio.delete(self.uri(directory) + "/", recursive=True)
-        except Exception as exc:
-            raise StorageError(f"cannot delete {self.uri(directory)}: {exc}") from exc
 
     def describe(self) -> dict:
         return {"storage_type": "s3", "root": self.root, "scheme": self.scheme,

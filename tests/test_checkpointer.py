@@ -1,0 +1,48 @@
+"""One rank's checkpoints through the plan, the engine and a real directory."""
+import os
+
+from omegaconf import OmegaConf
+
+from dlio_ckpt_ext.checkpointer import Checkpointer, inventory_error
+from dlio_ckpt_ext.config import load_config
+
+TINY = {"model": {"num_layers": 2, "parallelism": {"zero_stage": 3},
+                  "transformer": {"hidden_size": 256, "ffn_hidden_size": 512, "vocab_size": 1024,
+                                  "num_attention_heads": 4, "num_kv_heads": 2}},
+        "streaming": {"chunk_size": "1MiB", "verify": True}}
+
+
+def checkpointers(tmp_path, ranks=2):
+    cfg = load_config(OmegaConf.create({**TINY, "checkpoint": {"checkpoint_folder": str(tmp_path)}}), ranks)
+    return [Checkpointer(cfg, r, ranks, ranks) for r in range(ranks)]
+
+
+def test_inventory_matches_what_was_written_and_catches_missing_and_short_files(tmp_path):
+    cks = checkpointers(tmp_path)
+    for ck in cks:
+        ck.prepare()
+        ck.save(1)
+    result = cks[0].inventory([1])
+    assert result["ok"] and result["message"] == "4 files present, 4 expected, sizes match"
+    files = sorted(tmp_path.rglob("*.pt"))
+    os.unlink(files[0])
+    os.truncate(files[1], files[1].stat().st_size - 1)
+    result = cks[0].inventory([1])
+    assert not result["ok"]
+    assert result["message"] == "3 files present, 4 expected, 1 missing, 1 with a wrong size"
+    message = str(inventory_error(result))
+    assert f"missing {files[0].relative_to(tmp_path)}" in message
+    assert f"{files[1].relative_to(tmp_path)} has {files[1].stat().st_size} bytes" in message
+
+
+def test_recovery_rank_shift_reads_another_ranks_files_and_verifies_them(tmp_path):
+    cfg = load_config(OmegaConf.create({**TINY, "checkpoint": {"checkpoint_folder": str(tmp_path),
+                                                               "recovery_rank_shift": True}}), 4)
+    cks = [Checkpointer(cfg, r, 4, 2) for r in range(4)]  # 2 ranks per node, 2 nodes
+    for ck in cks:
+        ck.prepare()
+        ck.save(1)
+    assert [ck.source_rank() for ck in cks] == [2, 3, 0, 1]
+    loaded = cks[0].load(1)
+    assert [f.name for f in loaded] == [f"global_epoch1_step1/zero_pp_rank_2_mp_rank_00_{k}_states.pt"
+                                        for k in ("model", "optim")]
