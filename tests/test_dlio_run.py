@@ -123,7 +123,8 @@ def test_progress_bar_only_on_a_terminal(workdir):
     cmd = " ".join(shlex.quote(c) for c in dlio_command(workdir, 2, "llama3_tiny_checkpoint",
                                                          "++workload.checkpoint.num_checkpoints_write=2",
                                                          "++workload.checkpoint.num_checkpoints_read=1"))
-    on_tty = subprocess.run(["script", "-qec", cmd, "/dev/null"], capture_output=True, text=True, timeout=300)
+    on_tty = subprocess.run(["script", "-qec", cmd, "/dev/null"], cwd=workdir, capture_output=True, text=True,
+                            timeout=300)
     assert on_tty.returncode == 0, on_tty.stdout[-2000:]
     assert "rank 0 save 1/2" in on_tty.stdout and "rank 0 load 1/1" in on_tty.stdout
     piped = run_dlio(workdir, 2, "llama3_tiny_checkpoint", "++workload.checkpoint.num_checkpoints_write=2",
