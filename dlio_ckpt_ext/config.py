@@ -148,14 +148,19 @@ def _check_keys(schema: type, given: Any, prefix: str) -> None:
 
 def structured(schema: type, given: Any, prefix: str) -> Any:
     """An instance of dataclass `schema` from `given`, or a ConfigError naming
-    the first unknown key or ill-typed value (with `prefix` before its name)."""
+    the first unknown key or ill-typed value (with `prefix` before its name).
+    A schema with a validate(prefix) method checks its values' ranges there
+    (not in __post_init__, whose errors OmegaConf rewraps)."""
     _check_keys(schema, given, prefix)
     try:
         merged = OmegaConf.merge(OmegaConf.structured(schema), given)
     except (ValidationError, ConfigKeyError) as exc:
         value = OmegaConf.select(OmegaConf.create(given), str(exc.full_key))
         raise ConfigError(f"{prefix}{exc.full_key}", value, str(exc).splitlines()[0]) from None
-    return OmegaConf.to_object(merged)
+    obj = OmegaConf.to_object(merged)
+    if hasattr(obj, "validate"):
+        obj.validate(prefix)
+    return obj
 
 
 def _positive(key: str, value: Any) -> None:

@@ -1,10 +1,12 @@
 """One rank's checkpoints through the plan, the engine and a real directory."""
 import os
 
+import pytest
 from omegaconf import OmegaConf
 
 from dlio_ckpt_ext.checkpointer import Checkpointer, inventory_error
 from dlio_ckpt_ext.config import load_config
+from dlio_ckpt_ext.errors import ConfigError
 
 TINY = {"model": {"num_layers": 2, "parallelism": {"zero_stage": 3},
                   "transformer": {"hidden_size": 256, "ffn_hidden_size": 512, "vocab_size": 1024,
@@ -46,3 +48,26 @@ def test_recovery_rank_shift_reads_another_ranks_files_and_verifies_them(tmp_pat
     loaded = cks[0].load(1)
     assert [f.name for f in loaded] == [f"global_epoch1_step1/zero_pp_rank_2_mp_rank_00_{k}_states.pt"
                                         for k in ("model", "optim")]
+
+
+@pytest.mark.parametrize("options, key, allowed", [
+    ({"write_mod": "direct"}, "workload.storage.storage_options.write_mod", "write_mode"),
+    ({"write_mode": "fast"}, "workload.storage.storage_options.write_mode", "direct or buffered"),
+    ({"fadvise": "sometimes"}, "workload.storage.storage_options.fadvise", "not a valid bool"),
+])
+def test_bad_storage_options_name_the_key(tmp_path, options, key, allowed):
+    cfg = load_config(OmegaConf.create({**TINY, "checkpoint": {"checkpoint_folder": str(tmp_path)},
+                                        "storage": {"storage_options": options}}), 1)
+    with pytest.raises(ConfigError) as err:
+        Checkpointer(cfg, 0, 1, 1)
+    assert err.value.key == key and allowed in str(err.value)
+
+
+@pytest.mark.parametrize("root, allowed", [("az://container/x", "s3://, file:// or direct://"),
+                                           ("gs://bucket/x", "s3://, file:// or direct://"),
+                                           ("ftp://host/x", "a URI starting with s3://")])
+def test_object_schemes_without_bounded_memory_streaming_are_refused(root, allowed):
+    cfg = load_config(OmegaConf.create({**TINY, "storage": {"storage_type": "s3", "storage_root": root}}), 1)
+    with pytest.raises(ConfigError) as err:
+        Checkpointer(cfg, 0, 1, 1)
+    assert err.value.key == "workload.storage.storage_root" and allowed in str(err.value)

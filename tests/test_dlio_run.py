@@ -131,3 +131,16 @@ def test_progress_bar_only_on_a_terminal(workdir):
                      "++workload.checkpoint.num_checkpoints_read=1")
     assert piped.returncode == 0 and "rank 0 save" not in piped.stdout + piped.stderr
     assert "[METRIC] Checkpoint save duration" in piped.stdout
+
+
+def test_idle_time_between_checkpoints_is_outside_the_window_and_keep_files_false_cleans_up(workdir):
+    run = run_dlio(workdir, 2, "llama3_tiny_checkpoint", "++workload.checkpoint.num_checkpoints_write=2",
+                   "++workload.checkpoint.num_checkpoints_read=1", "++workload.checkpoint.time_between_checkpoints=1.5",
+                   "++workload.checkpoint.keep_files=False")
+    assert run.returncode == 0, run.stderr[-2000:]
+    saves = [r["phases"]["save"] for r in run.rank_stats()]
+    gap = min(s[1]["start"] for s in saves) - max(s[0]["end"] for s in saves)
+    assert gap >= 1.5
+    for window in run.summary()["save"]["per_checkpoint"]:
+        assert window["duration_s"] < 1.5  # the sleep is not in the window
+    assert list((workdir / "ckpt").rglob("*.pt")) == []

@@ -40,8 +40,7 @@ class ObjectOptions:
     max_in_flight: int = 16                  # parts of one object in client memory at once (see below)
     runtime_threads: int = 0                 # s3dlio runtime threads; 0 = usable CPUs / ranks on this node
 
-    def __post_init__(self) -> None:
-        key = "workload.storage.storage_options."
+    def validate(self, key: str) -> None:
         size = parse_size(key + "part_size", self.part_size)
         if size < 5 << 20:
             raise ConfigError(key + "part_size", self.part_size, "at least 5MiB (the S3 minimum part size)")

@@ -21,11 +21,10 @@ class PosixOptions:
     read_mode: str = "direct"    # direct (O_DIRECT) | buffered
     fadvise: bool = True         # DONTNEED after each written file and before buffered reads
 
-    def __post_init__(self) -> None:
+    def validate(self, prefix: str) -> None:
         for key in ("write_mode", "read_mode"):
             if getattr(self, key) not in IO_MODES:
-                raise ConfigError(f"storage.storage_options.{key}", getattr(self, key),
-                                  " or ".join(IO_MODES))
+                raise ConfigError(f"{prefix}{key}", getattr(self, key), " or ".join(IO_MODES))
 
 
 def _os_error(path: str, action: str, exc: OSError) -> StorageError:
