@@ -47,7 +47,11 @@ class Checkpointer:
 
     # -- I/O --------------------------------------------------------------
     def rank_bytes(self, rank: int) -> int:
-        return sum(f.size for f in self.files(rank))
+        return plan.rank_plan(self.cfg.shape, self.cfg.parallelism, self.comm_size, rank).total_bytes
+
+    def checkpoint_bytes(self) -> int:
+        """Bytes of one whole checkpoint, all ranks."""
+        return plan.checkpoint_bytes(self.cfg.shape, self.cfg.parallelism, self.comm_size)
 
     def prepare(self) -> None:
         self.backend.prepare("")

@@ -99,8 +99,9 @@ def mpirun(sub: Submission, np_per_host: int, command: list[str], extra: list[st
 
 def run_phase(sub: Submission, name: str, results: Path, phase_overrides: list[str], extra: list[str]) -> dict:
     out = results / name
-    cmd = mpirun(sub, sub.ranks_per_host, [find_executable("dlio_benchmark"), f"workload={sub.workload}", *sub.overrides,
-                                           *phase_overrides, f"++workload.output.folder={out}"], extra)
+    dlio = [find_executable("dlio_benchmark"), f"workload={sub.workload}", *sub.overrides, *phase_overrides,
+            f"++workload.output.folder={out}"]
+    cmd = mpirun(sub, sub.ranks_per_host, dlio, extra)
     print(f"[submit] {name} phase: {' '.join(cmd)}", flush=True)
     if subprocess.call(cmd) != 0:
         raise SystemExit(f"[submit] the {name} phase failed; see its output above")

@@ -3,7 +3,6 @@ import hashlib
 import os
 import subprocess
 import sys
-import threading
 import time
 
 import pytest
@@ -234,3 +233,12 @@ def test_permission_denied_names_the_file(tmp_path):
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert res.returncode != 0
     assert f"cannot create {target}/f.pt: Permission denied" in res.stderr
+
+
+@pytest.mark.parametrize("mode", ["direct", "buffered"])
+def test_empty_file_saves_and_loads(workdir, pool, mode):
+    b = backend(workdir, mode)
+    spec = ContentSpec(derive_seed(6, "empty"))
+    assert save_file(b, "ckpt/empty.pt", 0, spec, pool).chunks == []
+    assert (workdir / "ckpt" / "empty.pt").stat().st_size == 0
+    assert load_file(b, "ckpt/empty.pt", 0, pool, content=spec, parallelism=2).chunks == []

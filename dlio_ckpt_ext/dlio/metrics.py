@@ -13,9 +13,6 @@ import statistics
 
 from dlio_ckpt_ext.engine.profile import GiB, FileStats
 
-PHASE_LABEL = {"save": "save", "load": "load"}
-
-
 def local_record(step: int, files: list[FileStats], start: float, end: float) -> dict:
     """This rank's part of one checkpoint: wall-clock start/end around its files."""
     return {"step": step, "start": start, "end": end, "elapsed_s": end - start,
@@ -41,11 +38,10 @@ def mean_std(values: list[float]) -> tuple[float, float]:
 
 
 def metric_lines(phase: str, windows: list[dict]) -> list[str]:
-    label = PHASE_LABEL[phase]
     d_mean, d_std = mean_std([w["duration_s"] for w in windows])
     t_mean, t_std = mean_std([w["throughput_gib_s"] for w in windows])
-    return [f"[METRIC] Checkpoint {label} duration (seconds): {d_mean:.4f} (\u00b1{d_std:.4f})",
-            f"[METRIC] Checkpoint {label} I/O Throughput (GiB/second): {t_mean:.4f} (\u00b1{t_std:.4f})"]
+    return [f"[METRIC] Checkpoint {phase} duration (seconds): {d_mean:.4f} (\u00b1{d_std:.4f})",
+            f"[METRIC] Checkpoint {phase} I/O Throughput (GiB/second): {t_mean:.4f} (\u00b1{t_std:.4f})"]
 
 
 def results_block(phase: str, report: dict) -> list[str]:

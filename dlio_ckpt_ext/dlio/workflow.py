@@ -114,7 +114,7 @@ class CheckpointOnlyBenchmark:
         self.comm.barrier()
         if self.rank == 0:
             ck = self.mechanism.checkpointer
-            total = sum(ck.expected_sizes([1]).values())
+            total = ck.checkpoint_bytes()
             print(f"[INFO] streaming checkpoint: model {self.run_config.model.name}, {self.size} ranks on "
                   f"{self.mechanism.topology.num_hosts} host(s), {total} bytes "
                   f"({total / metrics.GiB:.2f} GiB) per checkpoint to {ck.backend.uri('').rstrip('/')}", flush=True)
@@ -248,7 +248,7 @@ class CheckpointOnlyBenchmark:
 
     def _summary(self, reports: dict) -> dict:
         ck = self.mechanism.checkpointer
-        size = sum(ck.expected_sizes([1]).values())
+        size = ck.checkpoint_bytes()
         manifest = self._manifest()
         sections, workload = self._effective_config()
         metrics.write_json(os.path.join(self.output_folder, "manifest.json"), manifest)

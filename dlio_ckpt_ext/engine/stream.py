@@ -39,10 +39,21 @@ def _first_difference(a: memoryview, b: memoryview) -> int:
     return int(np.argmax(diff))
 
 
-def _record(stats: FileStats, chunks: list[Chunk], fill_stage: Optional[str]) -> None:
+def _fill_exact(gen, view: memoryview, offset: int, where: str) -> None:
+    n = len(view)
+    got = gen.fill_chunk(view)
+    if got != n:
+        raise RuntimeError(f"dgen-py filled {got} bytes instead of {n} at offset {offset} of {where}")
+
+
+def _record(stats: FileStats, chunks: list[Chunk], fill_stage: Optional[str],
+            background_io_s: float = 0.0) -> None:
     """Fold chunk timings into stats; fill_stage names the pipeline stage that
     generates content ("producer" on save, "consumer" on a verified load,
-    None on an unverified load, where nothing is generated)."""
+    None on an unverified load, where nothing is generated).
+    background_io_s is storage time no chunk was charged for (uploads that
+    finish in close()); each chunk's bottleneck counts its share of it."""
+    share = background_io_s / len(chunks) if chunks else 0.0
     for c in chunks:
         if fill_stage == "producer":
             fill, io = c.produce_s, c.consume_s
@@ -52,7 +63,7 @@ def _record(stats: FileStats, chunks: list[Chunk], fill_stage: Optional[str]) ->
         stats.io_s += io
         stats.wait_free_s += c.wait_free_s
         stats.wait_filled_s += c.wait_filled_s
-        if fill > io:
+        if fill > io + share:
             stats.chunks_fill_bound += 1
         else:
             stats.chunks_io_bound += 1
@@ -76,7 +87,7 @@ def _sequential(start: int, end: int, chunk: int, action: Callable[[memoryview, 
     return produce
 
 
-def _fill_in_place(writer: Writer, gen, size: int, chunk: int, progress: Progress) -> list[Chunk]:
+def _fill_in_place(writer: Writer, gen, size: int, chunk: int, progress: Progress, where: str) -> list[Chunk]:
     """Generate straight into memory the writer lends (reserve), then hand it
     over (commit). Reserve and commit block only while the writer's uploads in
     flight are full, so their time is time spent waiting on storage."""
@@ -86,8 +97,7 @@ def _fill_in_place(writer: Writer, gen, size: int, chunk: int, progress: Progres
         t0 = time.perf_counter()
         view = writer.reserve(n)
         t1 = time.perf_counter()
-        if gen.fill_chunk(view[:n]) != n:
-            raise RuntimeError(f"dgen-py filled fewer than {n} bytes at offset {offset}")
+        _fill_exact(gen, view[:n], offset, where)
         t2 = time.perf_counter()
         writer.commit(n)
         chunks.append(Chunk(offset, n, produce_s=t2 - t1, consume_s=(t1 - t0) + (time.perf_counter() - t2),
@@ -111,13 +121,10 @@ def save_file(backend: Backend, path: str, size: int, content: ContentSpec, pool
         gen = generator(content, size, threads=gen_threads, chunk_size=pool.buffer_size) if size else None
 
         def fill(buf: memoryview, offset: int, n: int) -> None:
-            got = gen.fill_chunk(buf[:n])
-            if got != n:
-                raise RuntimeError(f"dgen-py filled {got} bytes instead of {n} at offset {offset} "
-                                   f"of {backend.uri(path)}")
+            _fill_exact(gen, buf[:n], offset, backend.uri(path))
 
         if writer.zero_copy and size:
-            chunks = _fill_in_place(writer, gen, size, pool.buffer_size, progress)
+            chunks = _fill_in_place(writer, gen, size, pool.buffer_size, progress, backend.uri(path))
         else:
             def write(c: Chunk) -> None:
                 writer.write(c.buffer[:c.nbytes])
@@ -131,20 +138,15 @@ def save_file(backend: Backend, path: str, size: int, content: ContentSpec, pool
         writer.abort()
         raise
     stats.end = time.time()
-    _record(stats, chunks, "producer")
-    if writer.zero_copy and chunks:
-        # Uploads run behind commit() and are waited for in close(): compare
-        # each chunk's fill with its share of all the time spent on storage.
-        share = (stats.io_s + stats.close_s) / len(chunks)
-        stats.chunks_io_bound = sum(1 for c in chunks if share >= c.produce_s)
-        stats.chunks_fill_bound = len(chunks) - stats.chunks_io_bound
+    # Lent-memory uploads run behind commit() and are waited for in close().
+    _record(stats, chunks, "producer", stats.close_s if writer.zero_copy else 0.0)
     return stats
 
 
 def _ranges(size: int, chunk: int, parallelism: int) -> list[tuple[int, int]]:
     """Split [0, size) into up to `parallelism` contiguous chunk-aligned ranges."""
     nchunks = -(-size // chunk)
-    per = -(-nchunks // max(1, parallelism))
+    per = max(1, -(-nchunks // max(1, parallelism)))
     return [(start, min(size, start + per * chunk)) for start in range(0, size, per * chunk)]
 
 
