@@ -94,8 +94,16 @@ class Checkpointer:
                                 f"{len(missing)} missing, {len(wrong)} with a wrong size"))
         return result
 
-    def remove_all(self) -> None:
-        self.backend.remove("")
+    def remove_written(self, steps: list[int], epoch: int = 1) -> int:
+        """Delete exactly the files the plan says this run wrote (all ranks),
+        then their step directories if that left them empty: never anything
+        else that the checkpoint folder holds. Returns the files deleted."""
+        removed = 0
+        for path in self.expected_sizes(steps, epoch):
+            removed += self.backend.delete_file(path)
+        for step in steps:
+            self.backend.remove_empty_dir(plan.checkpoint_dir(step, epoch))
+        return removed
 
     def close(self) -> None:
         self.pool.close()

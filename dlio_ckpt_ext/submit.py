@@ -23,6 +23,7 @@ from pathlib import Path
 
 from dlio_ckpt_ext import plan
 from dlio_ckpt_ext.config import RunConfig, load_config
+from dlio_ckpt_ext.dlio.records import RECORD_FILE
 from dlio_ckpt_ext.errors import ConfigError
 from dlio_ckpt_ext.executables import find_executable
 
@@ -105,7 +106,7 @@ def run_phase(sub: Submission, name: str, results: Path, phase_overrides: list[s
     print(f"[submit] {name} phase: {' '.join(cmd)}", flush=True)
     if subprocess.call(cmd) != 0:
         raise SystemExit(f"[submit] the {name} phase failed; see its output above")
-    return json.loads((out / "summary.json").read_text())
+    return json.loads((out / RECORD_FILE).read_text())
 
 
 def drop_caches(sub: Submission, extra: list[str]) -> tuple[bool, str]:

@@ -9,8 +9,19 @@ from pathlib import Path
 
 from conftest import tool
 
-METRIC = re.compile(r"^\[METRIC\] Checkpoint (save|load) (duration \(seconds\)|I/O Throughput \(GiB/second\)): "
-                    r"([0-9.]+) \(\u00b1([0-9.]+)\)$", re.M)
+from dlio_ckpt_ext.dlio.provenance import dlio_has_checkpoint_workflow
+from dlio_ckpt_ext.dlio.records import RECORD_FILE
+
+#: which DLIO this environment runs: upstream main prints its own [METRIC]
+#: lines (GB label, no ±) and ours become "[INFO] global window:" lines
+UPSTREAM = dlio_has_checkpoint_workflow()
+_FIGURE = (r"Checkpoint (save|load) (duration \(seconds\)|I/O Throughput \((?:GiB|GB)/second\)): "
+           r"([0-9.]+) \(\u00b1?([0-9.]+)\)$")
+DLIO_METRIC = re.compile(r"^\[METRIC\] " + _FIGURE, re.M)
+
+
+def _figures(regex: re.Pattern, text: str) -> dict:
+    return {(m[0], m[1].split()[0]): (float(m[2]), float(m[3])) for m in regex.findall(text)}
 
 
 @dataclass
@@ -21,25 +32,38 @@ class Run:
     out: Path
 
     def metrics(self) -> dict:
-        return {(m[0], m[1].split()[0]): (float(m[2]), float(m[3])) for m in METRIC.findall(self.stdout)}
+        """The [METRIC] lines DLIO's reporter printed (ours on 2.0.0, upstream's on main)."""
+        return _figures(DLIO_METRIC, self.stdout)
 
-    def summary(self) -> dict:
+    def window_metrics(self) -> dict:
+        """Our global-window figures (the [METRIC] lines on 2.0.0, [INFO] lines on upstream)."""
+        if not UPSTREAM:
+            return self.metrics()
+        return _figures(re.compile(r"^\[INFO\] global window: " + _FIGURE, re.M), self.stdout)
+
+    def record(self) -> dict:
+        """Our record of the run (RECORD_FILE)."""
+        return json.loads((self.out / RECORD_FILE).read_text())
+
+    def dlio_summary(self) -> dict:
+        """DLIO's summary.json (upstream's schema on both DLIOs)."""
         return json.loads((self.out / "summary.json").read_text())
 
     def rank_stats(self) -> list[dict]:
         return [json.loads(Path(p).read_text()) for p in sorted(glob.glob(str(self.out / "rank_stats" / "*.json")))]
 
 
-def dlio_command(workdir: Path, np: int, workload: str, *overrides: str, checkpoint_folder=None) -> list[str]:
+def dlio_command(workdir: Path, np: int, workload: str, *overrides: str, checkpoint_folder=None,
+                 out: str = "out") -> list[str]:
+    """A run's results go to workdir/out (a run refuses a folder with results in it)."""
     return [tool("mpirun"), "--allow-run-as-root", "--oversubscribe", "-np", str(np),
-            tool("dlio_benchmark"), f"workload={workload}", f"++workload.output.folder={workdir / 'out'}",
+            tool("dlio_benchmark"), f"workload={workload}", f"++workload.output.folder={workdir / out}",
             f"++workload.checkpoint.checkpoint_folder={checkpoint_folder or workdir / 'ckpt'}", *overrides]
 
 
 def run_dlio(workdir: Path, np: int, workload: str, *overrides: str, timeout: int = 300,
-             env: dict | None = None, checkpoint_folder: str | None = None) -> Run:
-    out = workdir / "out"
-    cmd = dlio_command(workdir, np, workload, *overrides, checkpoint_folder=checkpoint_folder)
+             env: dict | None = None, checkpoint_folder: str | None = None, out: str = "out") -> Run:
+    cmd = dlio_command(workdir, np, workload, *overrides, checkpoint_folder=checkpoint_folder, out=out)
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", **(env or {})}
     res = subprocess.run(cmd, cwd=workdir, capture_output=True, text=True, timeout=timeout, env=env)
-    return Run(res.returncode, res.stdout, res.stderr, out)
+    return Run(res.returncode, res.stdout, res.stderr, workdir / out)

@@ -1,4 +1,5 @@
 """End to end: mpirun + DLIO's own dlio_benchmark entry point + our presets."""
+import json
 import shlex
 import shutil
 import statistics
@@ -7,7 +8,8 @@ import time
 
 import pytest
 
-from dlio_run import dlio_command, run_dlio
+from dlio_ckpt_ext.dlio.records import RECORD_FILE
+from dlio_run import UPSTREAM, dlio_command, run_dlio
 
 TINY = dict(L=4, h=512, f=1792, V=8192, heads=8, kv=2)
 
@@ -33,17 +35,22 @@ def test_tiny_preset_two_ranks_files_metrics_and_summary(workdir):
     assert on_disk == {f"global_epoch1_step{s}/zero_pp_rank_{r}_mp_rank_00_{kind}_states.pt": size
                        for s in (1, 2, 3) for r in (0, 1) for kind, size in (("model", model), ("optim", optim))}
 
-    summary = run.summary()
+    summary = run.record()
     ranks = run.rank_stats()
     assert [r["rank"] for r in ranks] == [0, 1]
     assert summary["status"] == "success" and summary["ranks"] == 2 and summary["ranks_per_node"] == 2
     assert summary["checkpoint_bytes"] == 2 * (model + optim)
     assert summary["inventory"]["ok"] and summary["inventory"]["present"] == 12
     assert summary["versions"]["dlio-benchmark"] == "2.0.0" and summary["versions"]["dgen-py"]
+    assert summary["dlio"].startswith("upstream" if UPSTREAM else "2.0.0")
     assert summary["config"]["effective"]["streaming"]["verify"] is True
     assert summary["threads"]["gen_threads_per_rank"] >= 1
 
-    metrics = run.metrics()
+    metrics = run.window_metrics()
+    dlio_metrics = run.metrics()
+    dlio_summary = run.dlio_summary()
+    assert dlio_summary["num_hosts"] == 1 and dlio_summary["num_accelerators"] == 2
+    assert dlio_summary["metric"]["checkpoint_size_GB"] == pytest.approx(2 * (model + optim) / 2**30)
     for phase, count in (("save", 3), ("load", 2)):
         # recompute each checkpoint's global window from the per-rank stats
         durations, rates = [], []
@@ -61,6 +68,19 @@ def test_tiny_preset_two_ranks_files_metrics_and_summary(workdir):
             (statistics.fmean(rates), statistics.pstdev(rates)), abs=1e-4)
         assert summary[phase]["throughput_gib_s_mean"] == pytest.approx(statistics.fmean(rates))
         assert len(summary[phase]["per_checkpoint"]) == count
+        # DLIO's summary.json and [METRIC] lines: from our windows on 2.0.0; on
+        # upstream from its own timing (rank 0, barrier to barrier with
+        # rank_sync), which differs from the window by the barriers' latency
+        tolerance = dict(rel=0.05) if UPSTREAM else dict(rel=1e-9)
+        dm = dlio_summary["metric"]
+        assert dm[f"{phase}_checkpoint_io_mean_GB_per_second"] == pytest.approx(statistics.fmean(rates), **tolerance)
+        assert dm[f"{phase}_checkpoint_duration_mean_seconds"] == pytest.approx(statistics.fmean(durations),
+                                                                              **tolerance)
+        assert dm[f"{phase}_checkpoint_io_stdev_GB_per_second"] >= 0
+        assert dlio_metrics[(phase, "I/O")][0] == pytest.approx(dm[f"{phase}_checkpoint_io_mean_GB_per_second"],
+                                                                abs=1e-4)
+        per_epoch = json.loads((run.out / "1_per_epoch_stats.json").read_text())["1"]
+        assert len([k for k in per_epoch if k.startswith(f"{phase}_ckpt")]) == count
     assert "RESULTS (save):" in run.stdout and "bottleneck" in run.stdout
 
 
@@ -76,7 +96,7 @@ def test_llama3_8b_scaled_down_four_ranks(workdir):
     sizes = sorted(p.stat().st_size for p in (workdir / "ckpt").rglob("*.pt"))
     assert sizes == sorted([model] * 8 + [optim] * 8)
     assert set(run.metrics()) == {("save", "duration"), ("save", "I/O"), ("load", "duration"), ("load", "I/O")}
-    assert run.summary()["ranks"] == 4
+    assert run.record()["ranks"] == 4
 
 
 @pytest.mark.parametrize("override, message", [
@@ -93,7 +113,7 @@ def test_bad_input_fails_with_a_clear_error_and_no_metrics(workdir, override, me
     assert run.returncode != 0
     assert message in run.stderr
     assert "[METRIC]" not in run.stdout
-    assert not (run.out / "summary.json").exists()
+    assert not (run.out / "summary.json").exists() and not (run.out / RECORD_FILE).exists()
 
 
 def test_checkpoint_folder_that_cannot_be_created(workdir):
@@ -115,7 +135,7 @@ def test_one_failing_rank_aborts_the_whole_job(workdir):
     assert time.monotonic() - t0 < 60
     assert f"rank 1: checkpoint save 1 failed: cannot create {blocker}" in run.stderr
     assert "[METRIC]" not in run.stdout
-    assert not (run.out / "summary.json").exists()
+    assert not (run.out / "summary.json").exists() and not (run.out / RECORD_FILE).exists()
 
 
 @pytest.mark.skipif(shutil.which("script") is None, reason="util-linux 'script' (a pseudo-terminal) is missing")
@@ -128,7 +148,7 @@ def test_progress_bar_only_on_a_terminal(workdir):
     assert on_tty.returncode == 0, on_tty.stdout[-2000:]
     assert "rank 0 save 1/2" in on_tty.stdout and "rank 0 load 1/1" in on_tty.stdout
     piped = run_dlio(workdir, 2, "llama3_tiny_checkpoint", "++workload.checkpoint.num_checkpoints_write=2",
-                     "++workload.checkpoint.num_checkpoints_read=1")
+                     "++workload.checkpoint.num_checkpoints_read=1", out="piped")
     assert piped.returncode == 0 and "rank 0 save" not in piped.stdout + piped.stderr
     assert "[METRIC] Checkpoint save duration" in piped.stdout
 
@@ -141,6 +161,6 @@ def test_idle_time_between_checkpoints_is_outside_the_window_and_keep_files_fals
     saves = [r["phases"]["save"] for r in run.rank_stats()]
     gap = min(s[1]["start"] for s in saves) - max(s[0]["end"] for s in saves)
     assert gap >= 1.5
-    for window in run.summary()["save"]["per_checkpoint"]:
+    for window in run.record()["save"]["per_checkpoint"]:
         assert window["duration_s"] < 1.5  # the sleep is not in the window
     assert list((workdir / "ckpt").rglob("*.pt")) == []

@@ -136,8 +136,8 @@ class MemoryBackend(Backend):
     def list_sizes(self, directory):
         return {}
 
-    def remove(self, directory):
-        pass
+    def delete_file(self, path):
+        return False
 
 
 def test_pool_never_hands_out_a_buffer_still_being_written(pool):

@@ -9,6 +9,7 @@ import pytest
 from PIL import Image
 
 from conftest import tool
+from dlio_ckpt_ext.dlio.records import RECORD_FILE
 from dlio_ckpt_ext.report.cli import main as report_main
 from dlio_ckpt_ext.submit import Submission, check_closed_rules, effective_config
 from dlio_run import run_dlio
@@ -49,7 +50,7 @@ def test_run_report_png_and_printed_numbers(two_runs, capsys):
     out = two_runs[0].out
     assert report_main(["run", str(out)]) == 0
     printed = capsys.readouterr().out
-    summary = two_runs[0].summary()
+    summary = two_runs[0].record()
     assert f"checkpoint save: {summary['save']['throughput_gib_s_mean']:.4f}" in printed
     assert_real_picture(out / "report.png")
 
@@ -58,7 +59,7 @@ def test_compare_flags_the_changed_setting_next_to_the_throughput_change(two_run
     a, b = (r.out for r in two_runs)
     assert report_main(["compare", str(a), str(b)]) == 0
     printed = capsys.readouterr().out
-    sa, sb = two_runs[0].summary(), two_runs[1].summary()
+    sa, sb = two_runs[0].record(), two_runs[1].record()
     change = 100 * (sb["save"]["throughput_gib_s_mean"] - sa["save"]["throughput_gib_s_mean"]) / \
         sa["save"]["throughput_gib_s_mean"]
     assert f"{sa['save']['throughput_gib_s_mean']:.4f}" in printed and f"{change:+.1f}%" in printed
@@ -78,7 +79,7 @@ def test_sweep_with_hydra_multirun_gives_tables_and_chart(tmp_path):
     rows = list(csv.DictReader(open(sweep / "sweep.csv")))
     assert [r["workload.streaming.pool_depth"] for r in rows] == ["2", "4"]
     for row in rows:
-        summary = json.loads((sweep / row["job"] / "summary.json").read_text())
+        summary = json.loads((sweep / row["job"] / RECORD_FILE).read_text())
         assert float(row["save_gib_s"]) == pytest.approx(summary["save"]["throughput_gib_s_mean"])
         assert float(row["load_gib_s"]) == pytest.approx(summary["load"]["throughput_gib_s_mean"])
         assert summary["config"]["effective"]["streaming"]["pool_depth"] == int(row["workload.streaming.pool_depth"])
@@ -88,10 +89,10 @@ def test_sweep_with_hydra_multirun_gives_tables_and_chart(tmp_path):
 
 def test_report_commands_reject_what_is_not_a_complete_results_directory(two_runs, tmp_path, capsys):
     assert report_main(["run", str(tmp_path)]) == 2
-    assert "is not a results directory: it has no summary.json" in capsys.readouterr().err
+    assert f"is not a results directory: it has no {RECORD_FILE}" in capsys.readouterr().err
     broken = tmp_path / "broken"
     broken.mkdir()
-    (broken / "summary.json").write_text((two_runs[0].out / "summary.json").read_text())
+    (broken / RECORD_FILE).write_text((two_runs[0].out / RECORD_FILE).read_text())
     (broken / "rank_stats").mkdir()
     assert report_main(["compare", str(broken), str(two_runs[1].out)]) == 2
     assert "is incomplete: 0 of 2 per-rank stats files" in capsys.readouterr().err
@@ -131,6 +132,6 @@ def test_submission_run_writes_then_reads_back_within_30_seconds(tmp_path):
     report = json.loads((tmp_path / "sub" / "submission.json").read_text())
     assert report["division"] == "OPEN" and any("2 ranks per host" in v for v in report["closed_rule_violations"])
     assert 0 < report["read_start_after_write_s"] < 30
-    read = json.loads((tmp_path / "sub" / "read" / "summary.json").read_text())
+    read = json.loads((tmp_path / "sub" / "read" / RECORD_FILE).read_text())
     assert read["load"]["checkpoints"] == 2 and read["save"]["checkpoints"] == 0
     assert read["inventory"]["ok"]

@@ -37,7 +37,7 @@ def test_tiny_preset_on_s3_every_object_present_with_exact_size(s3, workdir):
         for s in (1, 2) for r in (0, 1) for kind, size in (("model", model), ("optim", optim))}
     assert s3.client().list_multipart_uploads(Bucket=BUCKET).get("Uploads", []) == []
     assert "[INFO] inventory: 8 files present, 8 expected, sizes match" in run.stdout
-    summary = run.summary()
+    summary = run.record()
     assert summary["inventory"]["ok"] and summary["storage"]["scheme"] == "s3"
     assert summary["storage"]["s3dlio_runtime_threads"] >= 1
     assert summary["config"]["effective"]["storage"]["storage_options"]["secret_access_key"] == "<redacted>"

@@ -1,21 +1,21 @@
 """Hydra callback named by our workload presets; runs on every rank before
-DLIO's task function."""
+DLIO's task function (after DLIO initialised MPI)."""
 from __future__ import annotations
 
+import os
+import shutil
 import sys
 from typing import Any
 
+from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from dlio_ckpt_ext.dlio import context
+from dlio_ckpt_ext.dlio.provenance import dlio_has_checkpoint_workflow
 
-
-def dlio_has_checkpoint_workflow() -> bool:
-    """Upstream DLIO runs checkpoint-only workloads itself (its config knows
-    num_checkpoints_write); DLIO 2.0.0 does not."""
-    from dlio_benchmark.utils.config import ConfigArguments
-    return hasattr(ConfigArguments, "num_checkpoints_write")
+#: files that mark a directory as another run's results
+RESULT_FILES = ("summary.json", "ckpt_ext_summary.json")
 
 
 def wants_checkpoint_only(workload: DictConfig) -> bool:
@@ -24,7 +24,7 @@ def wants_checkpoint_only(workload: DictConfig) -> bool:
 
 
 def install_workflow() -> None:
-    """Make DLIO's task function build our workflow instead of DLIOBenchmark.
+    """Make DLIO 2.0.0's task function build our workflow instead of DLIOBenchmark.
 
     DLIO 2.0.0 has no hook for a workflow, but its task function looks
     DLIOBenchmark up in its module at call time, so the swap reaches it
@@ -38,6 +38,13 @@ def install_workflow() -> None:
             module.DLIOBenchmark = CheckpointOnlyBenchmark
 
 
+def choose_workflow(workload: DictConfig) -> None:
+    """Our checkpoint-only workflow on a DLIO without one (2.0.0); DLIO's own
+    everywhere else (upstream main, and training workloads)."""
+    if wants_checkpoint_only(workload) and not dlio_has_checkpoint_workflow():
+        install_workflow()
+
+
 def reset_singletons() -> None:
     """A hydra multirun runs its jobs one after another in one process: each job
     must start from fresh DLIO arguments and a fresh mechanism, not inherit the
@@ -49,10 +56,88 @@ def reset_singletons() -> None:
     StreamingCheckpointing.reset()
 
 
+def _stop(comm, message: str) -> None:
+    """Every rank checks the same config, so every rank stops here together."""
+    if comm.rank == 0:
+        sys.stderr.write(f"[ERROR] {message}\n")
+    raise SystemExit(2)
+
+
+def check_workload(workload: DictConfig) -> None:
+    """Refuse a bad config before DLIO acts on it: our sections, and a mechanism
+    class that is not ours (DLIO would silently fall back to its built-in one)."""
+    import importlib
+
+    from dlio_benchmark.utils.utility import DLIOMPI
+
+    from dlio_ckpt_ext.config import MECHANISM_CLASS, load_config
+    from dlio_ckpt_ext.dlio.mechanism import StreamingCheckpointing
+    from dlio_ckpt_ext.errors import ConfigError
+    comm = DLIOMPI.get_instance().comm()
+    try:
+        load_config(workload, comm.size)
+        name = str(OmegaConf.select(workload, "checkpoint.checkpoint_mechanism_classname") or "")
+        module, _, cls = name.rpartition(".")
+        try:
+            found = getattr(importlib.import_module(module), cls) if module else None
+        except (ImportError, AttributeError):
+            found = None
+        if not (isinstance(found, type) and issubclass(found, StreamingCheckpointing)):
+            raise ConfigError("workload.checkpoint.checkpoint_mechanism_classname", name,
+                              f"{MECHANISM_CLASS} or a subclass (DLIO would otherwise fall back to its "
+                              "built-in mechanism)")
+    except ConfigError as exc:
+        _stop(comm, str(exc))
+
+
+def _used(folder: str) -> bool:
+    return any(os.path.exists(os.path.join(folder, f)) for f in RESULT_FILES)
+
+
+def agree_output_folder(workload: DictConfig) -> None:
+    """One results directory per run, the same on every rank, never one that
+    holds another run's results.
+
+    The default is hydra's run directory, whose name has a per-rank timestamp
+    and the job id (presets: ${ckpt_ext_job:}); every rank takes rank 0's, so
+    DLIO's per-rank files and ours land together, and drops its own if empty.
+    An explicit output.folder that already holds results is refused before
+    DLIO touches it.
+    """
+    from dlio_benchmark.utils.utility import DLIOMPI
+    comm = DLIOMPI.get_instance().comm()
+    explicit = OmegaConf.select(workload, "output.folder")
+    if explicit:
+        refused = comm.bcast(_used(explicit) if comm.rank == 0 else None, root=0)
+        if refused:
+            _stop(comm, f"invalid config: workload.output.folder={explicit!r}; allowed: a directory that holds "
+                        f"no other run's results (it has {' or '.join(RESULT_FILES)}); choose a new folder")
+        return
+    hydra_cfg = HydraConfig.instance().cfg
+    if hydra_cfg is None:
+        return
+    mine = os.path.abspath(hydra_cfg.hydra.runtime.output_dir)
+    chosen = mine
+    if comm.rank == 0:
+        n = 1
+        while _used(chosen):  # a second run in the same second with the same job id
+            chosen = f"{mine}-{n}"
+            n += 1
+        os.makedirs(chosen, exist_ok=True)
+    chosen = comm.bcast(chosen, root=0)
+    with read_write(hydra_cfg.hydra.runtime), open_dict(hydra_cfg.hydra.runtime):
+        hydra_cfg.hydra.runtime.output_dir = chosen
+    if mine != chosen and os.path.isdir(mine) and set(os.listdir(mine)) <= {".hydra"}:
+        shutil.rmtree(mine, ignore_errors=True)
+
+
 class CheckpointWorkloadCallback(Callback):
     def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
+        from dlio_ckpt_ext.dlio import storage
         workload = config.workload
         context.set_workload(workload)
         reset_singletons()
-        if wants_checkpoint_only(workload) and not dlio_has_checkpoint_workflow():
-            install_workflow()
+        check_workload(workload)
+        agree_output_folder(workload)
+        storage.install()
+        choose_workflow(workload)

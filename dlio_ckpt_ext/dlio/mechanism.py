@@ -2,25 +2,25 @@
 `checkpoint.checkpoint_mechanism_classname`.
 
 It implements DLIO 2.0.0's abstract API (get_tensor, save_state, checkpoint,
-finalize) and upstream DLIO's (get_tensor_core, save_state_core, load_state,
-save_checkpoint, load_checkpoint, ...), so either DLIO can drive it. It never
-allocates tensors: BaseCheckpointing.__init__ would allocate shard-sized
-memory, so it is not called; bytes are generated into the Checkpointer's
-bounded buffer pool instead.
+finalize) and upstream DLIO's (get_tensor_core, save_state, load_state,
+save_checkpoint, load_checkpoint, ...), so either DLIO's checkpoint loop
+drives it; all the work is in CheckpointSession. It never allocates tensors:
+BaseCheckpointing.__init__ would allocate shard-sized memory, so it is not
+called, and what upstream reads from a mechanism (checkpoint_size) is set here
+with upstream's meaning.
 """
 from __future__ import annotations
 
 from typing import Optional
 
 from dlio_benchmark.checkpointing.base_checkpointing import BaseCheckpointing
+from dlio_benchmark.utils.config import ConfigArguments
 from dlio_benchmark.utils.utility import DLIOMPI
 
-from dlio_ckpt_ext.checkpointer import Checkpointer
-from dlio_ckpt_ext.config import load_config
 from dlio_ckpt_ext.dlio import context
-from dlio_ckpt_ext.dlio.mpi import topology
-from dlio_ckpt_ext.engine.profile import FileStats
-from dlio_ckpt_ext.engine.stream import Progress
+from dlio_ckpt_ext.dlio.provenance import dlio_has_checkpoint_workflow
+from dlio_ckpt_ext.dlio.session import CheckpointSession
+from dlio_ckpt_ext.engine.profile import GiB, FileStats
 
 
 class StreamingCheckpointing(BaseCheckpointing):
@@ -38,38 +38,33 @@ class StreamingCheckpointing(BaseCheckpointing):
 
     def __init__(self) -> None:  # noqa: D107 - BaseCheckpointing.__init__ deliberately not called
         self.ext = "pt"
+        args = ConfigArguments.get_instance()
         self.comm = DLIOMPI.get_instance().comm()
-        self.topology = topology(self.comm)
-        self.run_config = load_config(context.get_workload(), self.topology.size)
-        self.checkpointer = Checkpointer(self.run_config, self.topology.rank, self.topology.size,
-                                         self.topology.ranks_per_node)
-        self.checkpointer.prepare()
-        #: per phase ("save", "load"): (step, files) in the order they ran
-        self.records: dict[str, list[tuple[int, list[FileStats]]]] = {"save": [], "load": []}
+        self.session = CheckpointSession(context.get_workload(), self.comm, args.output_folder,
+                                         dlio_reports_metrics=dlio_has_checkpoint_workflow())
+        #: what upstream's StatsCounter divides by each checkpoint's duration:
+        #: GiB of one whole checkpoint, all ranks (BaseCheckpointing's meaning)
+        self.checkpoint_size = self.session.checkpoint_bytes / GiB
 
     # -- the checkpoint operations -----------------------------------------
-    def save_checkpoint(self, epoch: int, step_number: int, progress: Progress = None) -> list[FileStats]:
-        files = self.checkpointer.save(step_number, epoch, progress)
-        self.records["save"].append((step_number, files))
-        return files
+    def save_checkpoint(self, epoch: int, step_number: int) -> list[FileStats]:
+        return self.session.save(epoch, step_number)
 
-    def load_checkpoint(self, epoch: int, step_number: int, progress: Progress = None) -> list[FileStats]:
-        files = self.checkpointer.load(step_number, epoch, progress)
-        self.records["load"].append((step_number, files))
-        return files
+    def load_checkpoint(self, epoch: int, step_number: int) -> list[FileStats]:
+        return self.session.load(epoch, step_number)
 
     def checkpoint(self, epoch: int, step_number: int) -> None:
         """DLIO 2.0.0's training-loop hook."""
         self.save_checkpoint(epoch, step_number)
 
     def finalize(self) -> None:
-        self.checkpointer.close()
+        self.session.finalize()
 
     # -- tensor API: nothing is ever held in memory ------------------------
     def get_tensor(self, size, datatype="int8"):
         return None
 
-    def get_tensor_core(self, length, datatype="int8"):
+    def get_tensor_core(self, length, datatype="int8", randomize=True):
         return None
 
     def get_tensor_length(self, tensor) -> int:

@@ -18,6 +18,23 @@ def versions() -> dict[str, str | None]:
     return out
 
 
+def dlio_has_checkpoint_workflow() -> bool:
+    """Upstream DLIO runs checkpoint-only workloads itself (its config knows
+    num_checkpoints_write); DLIO 2.0.0 does not."""
+    from dlio_benchmark.utils.config import ConfigArguments
+    return hasattr(ConfigArguments, "num_checkpoints_write")
+
+
+def dlio_flavor() -> str:
+    """Which DLIO ran: both report version 2.0.0."""
+    try:
+        upstream = dlio_has_checkpoint_workflow()
+    except ImportError:
+        return "none"
+    return "upstream main (own checkpoint workflow)" if upstream else \
+        "2.0.0 (PyPI; checkpoint workflow from dlio-ckpt-ext)"
+
+
 def git_commit() -> str | None:
     """HEAD of the checkout this package runs from, read from .git directly
     (no subprocess: forking after dgen-py or s3dlio started threads hangs)."""

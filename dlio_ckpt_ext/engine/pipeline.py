@@ -27,6 +27,7 @@ class Chunk:
     consume_s: float = 0.0
     wait_free_s: float = 0.0    # producer waiting for an empty buffer
     wait_filled_s: float = 0.0  # consumer waiting for a full buffer
+    produced_at: float = 0.0    # wall clock when the producer finished it
     done_at: float = 0.0        # wall clock when the consumer finished it
     buffer: Optional[memoryview] = None
 
@@ -70,6 +71,7 @@ def run(pool: BufferPool, producers: list[Producer], consume: Consumer) -> list[
                     free.put(buf)
                     break
                 chunk.wait_free_s, chunk.produce_s, chunk.buffer = t1 - t0, t2 - t1, buf
+                chunk.produced_at = time.time()
                 filled.put(chunk)
             filled.put(_DONE)
         except BaseException as exc:  # noqa: BLE001 - handed to the consumer thread

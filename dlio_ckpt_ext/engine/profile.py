@@ -22,7 +22,7 @@ class FileStats:
     wait_filled_s: float = 0.0
     chunks_fill_bound: int = 0
     chunks_io_bound: int = 0
-    # per chunk: [offset, nbytes, fill_s, io_s, wait_free_s, wait_filled_s, done_at]
+    # per chunk: [offset, nbytes, fill_s, io_s, wait_free_s, wait_filled_s, done_at, produced_at]
     chunks: list[list[float]] = field(default_factory=list)
 
     @property

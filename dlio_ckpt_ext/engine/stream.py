@@ -67,7 +67,7 @@ def _record(stats: FileStats, chunks: list[Chunk], fill_stage: Optional[str],
             stats.chunks_fill_bound += 1
         else:
             stats.chunks_io_bound += 1
-        stats.chunks.append([c.offset, c.nbytes, fill, io, c.wait_free_s, c.wait_filled_s, c.done_at])
+        stats.chunks.append([c.offset, c.nbytes, fill, io, c.wait_free_s, c.wait_filled_s, c.done_at, c.produced_at])
 
 
 def _sequential(start: int, end: int, chunk: int, action: Callable[[memoryview, int, int], None]):
@@ -99,9 +99,10 @@ def _fill_in_place(writer: Writer, gen, size: int, chunk: int, progress: Progres
         t1 = time.perf_counter()
         _fill_exact(gen, view[:n], offset, where)
         t2 = time.perf_counter()
+        filled_at = time.time()
         writer.commit(n)
         chunks.append(Chunk(offset, n, produce_s=t2 - t1, consume_s=(t1 - t0) + (time.perf_counter() - t2),
-                            done_at=time.time()))
+                            produced_at=filled_at, done_at=time.time()))
         del view
         if progress:
             progress(n)

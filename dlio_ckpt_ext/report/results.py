@@ -7,6 +7,8 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from dlio_ckpt_ext.dlio.records import RANK_STATS_DIR, RECORD_FILE
+
 
 class ResultsError(Exception):
     """A directory that is not a complete results directory."""
@@ -19,11 +21,11 @@ class Result:
 
     @property
     def manifest(self) -> dict:
-        return self.summary  # summary.json carries the manifest's fields at its top level
+        return self.summary  # the record carries the manifest's fields at its top level
 
     @cached_property
     def rank_stats(self) -> list[dict]:
-        return [json.loads(p.read_text()) for p in sorted((self.path / "rank_stats").glob("rank_*.json"))]
+        return [json.loads(p.read_text()) for p in sorted((self.path / RANK_STATS_DIR).glob("rank_*.json"))]
 
     def throughput(self, phase: str) -> tuple[float, float] | None:
         p = self.summary.get(phase) or {}
@@ -36,10 +38,10 @@ def load_result(path: str | Path) -> Result:
     p = Path(path)
     if not p.is_dir():
         raise ResultsError(f"{p}: no such directory")
-    summary_path = p / "summary.json"
+    summary_path = p / RECORD_FILE
     if not summary_path.exists():
-        raise ResultsError(f"{p} is not a results directory: it has no summary.json (rank 0 writes it "
-                           "when a run completes; a failed or unfinished run leaves none)")
+        raise ResultsError(f"{p} is not a results directory: it has no {RECORD_FILE} (rank 0 writes it "
+                           "when a run completes, under either DLIO; a failed or unfinished run leaves none)")
     try:
         summary = json.loads(summary_path.read_text())
     except json.JSONDecodeError as exc:
@@ -47,9 +49,9 @@ def load_result(path: str | Path) -> Result:
     if summary.get("status") != "success":
         raise ResultsError(f"{p}: the run did not complete (status {summary.get('status')!r})")
     ranks = summary.get("ranks", 0)
-    found = len(list((p / "rank_stats").glob("rank_*.json")))
+    found = len(list((p / RANK_STATS_DIR).glob("rank_*.json")))
     if found != ranks:
-        raise ResultsError(f"{p} is incomplete: {found} of {ranks} per-rank stats files in rank_stats/")
+        raise ResultsError(f"{p} is incomplete: {found} of {ranks} per-rank stats files in {RANK_STATS_DIR}/")
     return Result(p, summary)
 
 

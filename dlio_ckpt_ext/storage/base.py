@@ -81,9 +81,17 @@ class Backend(ABC):
     def list_sizes(self, directory: str) -> dict[str, int]:
         """Sizes of every file below directory, keyed by path relative to the root."""
 
+    def children(self, directory: str) -> list[str]:
+        """Names of the entries directly below directory (files and directories)."""
+        prefix = directory.strip("/") + "/" if directory.strip("/") else ""
+        return sorted({p[len(prefix):].split("/", 1)[0] for p in self.list_sizes(directory)})
+
     @abstractmethod
-    def remove(self, directory: str) -> None:
-        """Delete directory and everything below it."""
+    def delete_file(self, path: str) -> bool:
+        """Delete one file or object; False if it was not there."""
+
+    def remove_empty_dir(self, directory: str) -> None:
+        """Remove directory if it is empty (object stores have none)."""
 
     def describe(self) -> dict:
         """Settings worth recording with a result (never credentials)."""

@@ -217,9 +217,22 @@ class ObjectBackend(Backend):
             sizes = {u: int(s3dlio.stat(u)["size"]) for u in s3dlio.list(prefix, recursive=True)}
         return {u[len(self.root) + 1:]: s for u, s in sizes.items()}
 
-    def remove(self, directory: str) -> None:
-        with _errors(self.uri(directory), "cannot delete"):
-            s3dlio.delete(self.uri(directory) + "/", recursive=True)
+    def delete_file(self, path: str) -> bool:
+        uri = self.uri(path)
+        try:
+            s3dlio.delete(uri)
+        except Exception as exc:  # noqa: BLE001
+            if isinstance(exc, s3dlio.ObjectNotFoundError) or _NOT_FOUND.search(str(exc)):
+                return False
+            raise _error(uri, "cannot delete", exc) from exc
+        return True
+
+    def remove_empty_dir(self, directory: str) -> None:
+        if self.scheme in ("file", "direct"):
+            try:
+                os.rmdir(self.uri(directory).split("://", 1)[1])
+            except OSError:
+                pass
 
     def describe(self) -> dict:
         return {"storage_type": "s3", "root": self.root, "scheme": self.scheme,

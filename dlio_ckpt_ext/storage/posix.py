@@ -5,7 +5,6 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
-import shutil
 from dataclasses import dataclass
 
 from dlio_ckpt_ext.engine.buffers import PAGE
@@ -160,8 +159,26 @@ class PosixBackend(Backend):
                 sizes[os.path.relpath(full, self.root)] = os.path.getsize(full)
         return sizes
 
-    def remove(self, directory: str) -> None:
-        shutil.rmtree(self._path(directory), ignore_errors=True)
+    def delete_file(self, path: str) -> bool:
+        try:
+            os.unlink(self._path(path))
+        except FileNotFoundError:
+            return False
+        except OSError as exc:
+            raise _os_error(self._path(path), "cannot delete", exc) from exc
+        return True
+
+    def remove_empty_dir(self, directory: str) -> None:
+        try:
+            os.rmdir(self._path(directory))
+        except OSError:
+            pass  # not empty (files we did not write stay), or already gone
+
+    def children(self, directory: str) -> list[str]:
+        try:
+            return sorted(os.listdir(self._path(directory)))
+        except FileNotFoundError:
+            return []
 
     def describe(self) -> dict:
         return {"storage_type": "local_fs", "root": self.root,

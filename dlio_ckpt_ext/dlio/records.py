@@ -1,0 +1,90 @@
+"""Our result files, beside DLIO's in the run directory.
+
+DLIO owns summary.json (its schema: see dlio_schema.py); our richer record of
+a run is RECORD_FILE, with the manifest, the effective config and one
+rank_stats file per rank.
+"""
+from __future__ import annotations
+
+import datetime
+import os
+import sys
+from dataclasses import asdict
+from typing import TYPE_CHECKING
+
+from omegaconf import OmegaConf
+
+from dlio_ckpt_ext.dlio import metrics, provenance
+from dlio_ckpt_ext.engine.threads import usable_cpus
+from dlio_ckpt_ext.redact import redact_args, redact_tree
+
+if TYPE_CHECKING:
+    from dlio_ckpt_ext.dlio.session import CheckpointSession
+
+RECORD_FILE = "ckpt_ext_summary.json"
+MANIFEST_FILE = "manifest.json"
+CONFIG_FILE = "effective_config.yaml"
+RANK_STATS_DIR = "rank_stats"
+
+
+def _utc(t: float) -> str:
+    return datetime.datetime.fromtimestamp(t, datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+def write_rank_stats(session: "CheckpointSession", totals: dict) -> None:
+    ck, topo = session.checkpointer, session.topology
+    rank_dir = os.path.join(session.output_folder, RANK_STATS_DIR)
+    os.makedirs(rank_dir, exist_ok=True)
+    metrics.write_json(os.path.join(rank_dir, f"rank_{session.rank:05d}.json"), {
+        "rank": session.rank, "hostname": os.uname().nodename, "local_rank": topo.local_rank,
+        "ranks_per_node": topo.ranks_per_node, "gen_threads": ck.gen_threads,
+        "source_rank_for_loads": ck.source_rank(), "phases": session.local, "totals": totals})
+
+
+def manifest(session: "CheckpointSession") -> dict:
+    """What makes two results comparable: code, environment and settings."""
+    ck, topo = session.checkpointer, session.topology
+    return {"versions": provenance.versions(), "dlio": provenance.dlio_flavor(),
+            "git_commit": provenance.git_commit(),
+            "command": redact_args(sys.argv), "model": session.config.model.name,
+            "start_time": session.start_time, "end_time": session.end_time,
+            "start_time_utc": _utc(session.start_time), "end_time_utc": _utc(session.end_time),
+            "ranks": session.size, "hosts": list(topo.hosts), "num_hosts": topo.num_hosts,
+            "ranks_per_node": topo.ranks_per_node,
+            "threads": {"gen_threads_per_rank": ck.gen_threads, "usable_cpus": usable_cpus()},
+            "storage": ck.backend.describe(),
+            "cache_method": ck.backend.read_cache_method,
+            "reads_may_be_cached": ck.backend.reads_may_be_cached}
+
+
+def effective_config(session: "CheckpointSession") -> tuple[dict, dict]:
+    """Our validated sections and DLIO's whole workload, credentials redacted."""
+    sections = redact_tree(asdict(session.config.sections))
+    workload = redact_tree(OmegaConf.to_container(session.workload, resolve=True))
+    return sections, workload
+
+
+def phase_summary(windows: list[dict], report: dict) -> dict:
+    d_mean, d_std = metrics.mean_std([x["duration_s"] for x in windows])
+    t_mean, t_std = metrics.mean_std([x["throughput_gib_s"] for x in windows])
+    return {"checkpoints": len(windows), "duration_s_mean": d_mean, "duration_s_std": d_std,
+            "throughput_gib_s_mean": t_mean, "throughput_gib_s_std": t_std,
+            "per_checkpoint": windows, "results": report}
+
+
+def write_run_record(session: "CheckpointSession", reports: dict) -> None:
+    """Rank 0: the manifest, the effective config and RECORD_FILE."""
+    folder = session.output_folder
+    size = session.checkpoint_bytes
+    man = manifest(session)
+    sections, workload = effective_config(session)
+    metrics.write_json(os.path.join(folder, MANIFEST_FILE), man)
+    with open(os.path.join(folder, CONFIG_FILE), "w") as fh:
+        fh.write(OmegaConf.to_yaml({"workload": workload}))
+    record = {"status": "success", "benchmark": "dlio-ckpt-ext streaming checkpoint",
+              "checkpoint_bytes": size, "checkpoint_gib": size / metrics.GiB,
+              **man, "inventory": session.inventory, "warnings": session.warnings(),
+              "config": {"effective": sections, "workload": workload}}
+    for phase in ("save", "load"):
+        record[phase] = phase_summary(session.windows[phase], reports[phase])
+    metrics.write_json(os.path.join(folder, RECORD_FILE), record)

@@ -1,0 +1,210 @@
+"""One run of the streaming checkpoint workload, as the mechanism sees it.
+
+Either DLIO's checkpoint loop (upstream main's own, or ours on DLIO 2.0.0)
+calls save/load once per checkpoint and finalize once; everything else this
+package promises happens here, so it is the same on both DLIOs: the storage
+probe before any I/O, per-rank timing, the global windows (gathered only in
+finalize, so no collective call lands inside DLIO's timed windows), the
+inventory, RESULTS, our result files and the keep_files cleanup.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import time
+from typing import Callable, Optional
+
+from omegaconf import DictConfig
+from tqdm import tqdm
+
+from dlio_ckpt_ext.checkpointer import Checkpointer, inventory_error
+from dlio_ckpt_ext.config import RunConfig, load_config
+from dlio_ckpt_ext.dlio import metrics, records, trace
+from dlio_ckpt_ext.dlio.mpi import Topology, abort, topology, user_terminal
+from dlio_ckpt_ext.engine.profile import FileStats, phase_report, phase_totals
+from dlio_ckpt_ext.errors import ConfigError
+
+PHASES = ("save", "load")
+
+
+class CheckpointSession:
+    def __init__(self, workload: DictConfig, comm, output_folder: str, dlio_reports_metrics: bool) -> None:
+        """dlio_reports_metrics: DLIO itself prints the [METRIC] lines (upstream),
+        so ours would only repeat them under another label."""
+        self.comm = comm
+        self.rank, self.size = comm.rank, comm.size
+        self.workload = workload
+        self.dlio_reports_metrics = dlio_reports_metrics
+        try:
+            self.config: RunConfig = load_config(workload, self.size)
+        except ConfigError as exc:
+            # Every rank validates the same config, so every rank stops here
+            # together: a clean exit, no abort needed.
+            if self.rank == 0:
+                sys.stderr.write(f"[ERROR] {exc}\n")
+            raise SystemExit(2) from None
+        self.output_folder = os.path.abspath(output_folder)
+        #: per phase: this rank's record of each checkpoint, in the order run
+        self.local: dict[str, list[dict]] = {p: [] for p in PHASES}
+        self.files: dict[str, list[FileStats]] = {p: [] for p in PHASES}
+        #: rank 0 only, after finalize: the global window of each checkpoint
+        self.windows: dict[str, list[dict]] = {p: [] for p in PHASES}
+        self.inventory: Optional[dict] = None
+        self.start_time = time.time()
+        self.end_time = self.start_time
+        with self.abort_on_error("preparing the checkpoint storage"):
+            self.topology: Topology = topology(comm)
+            self.checkpointer = Checkpointer(self.config, self.rank, self.size, self.topology.ranks_per_node)
+            self.checkpointer.prepare()
+        self._probe()
+        c = self.config.checkpoint
+        if c.num_checkpoints_write == 0:
+            # Reading an earlier run's checkpoints: check they are all there first.
+            self._check_inventory(list(range(1, c.num_checkpoints_read + 1)))
+        if self.rank == 0:
+            self._announce()
+
+    # -- failures end every rank ---------------------------------------------
+    @contextlib.contextmanager
+    def abort_on_error(self, what: str):
+        try:
+            yield
+        except SystemExit:
+            raise
+        except BaseException as exc:  # noqa: BLE001 - any failure must end every rank
+            abort(self.comm, f"{what} failed: {exc}", exc)
+
+    def _probe(self) -> None:
+        if self.rank == 0:
+            with self.abort_on_error("checking the storage"):
+                self.checkpointer.backend.probe()
+        self.comm.barrier()
+
+    def _announce(self) -> None:
+        ck = self.checkpointer
+        total = ck.checkpoint_bytes()
+        print(f"[INFO] streaming checkpoint: model {self.config.model.name}, {self.size} ranks on "
+              f"{self.topology.num_hosts} host(s), {total} bytes ({total / metrics.GiB:.2f} GiB) per checkpoint "
+              f"to {ck.backend.uri('').rstrip('/')}", flush=True)
+        for line in self.warnings():
+            print(line, flush=True)
+
+    def warnings(self) -> list[str]:
+        """What a reader of the figures must know about how they were measured."""
+        out = []
+        c, backend = self.config.checkpoint, self.checkpointer.backend
+        if not c.rank_sync:
+            out.append("[WARNING] checkpoint.rank_sync is False: DLIO times each checkpoint on rank 0 alone; "
+                       "the global windows (first rank's start to last rank's close) are in "
+                       f"{records.RECORD_FILE}")
+        if c.num_checkpoints_read and backend.reads_may_be_cached:
+            out.append("[WARNING] reads may be served from the page cache "
+                       f"(read cache method: {backend.read_cache_method})")
+        return out
+
+    # -- the checkpoints -------------------------------------------------------
+    @property
+    def checkpoint_bytes(self) -> int:
+        return self.checkpointer.checkpoint_bytes()
+
+    def save(self, epoch: int, step: int) -> list[FileStats]:
+        return self._checkpoint("save", epoch, step, self.checkpointer.save)
+
+    def load(self, epoch: int, step: int) -> list[FileStats]:
+        return self._checkpoint("load", epoch, step, self.checkpointer.load)
+
+    def _checkpoint(self, phase: str, epoch: int, step: int,
+                    action: Callable[..., list[FileStats]]) -> list[FileStats]:
+        with self.abort_on_error(f"checkpoint {phase} {step}"), self._progress(phase, step) as bar, \
+                trace.span(f"checkpoint.{phase}", step=step):
+            start = time.time()
+            files = action(step, epoch, bar)
+            end = time.time()
+        self.local[phase].append(metrics.local_record(step, files, start, end))
+        self.files[phase].extend(files)
+        return files
+
+    @contextlib.contextmanager
+    def _progress(self, phase: str, step: int):
+        """Rank 0's own bytes of this checkpoint, with rate and ETA, on a terminal
+        only (a log file gets the [INFO] lines). Updated from the I/O thread once
+        per chunk; its cost is measured by bench/engine_bench.py."""
+        term = user_terminal() if self.rank == 0 else None
+        if term is None:
+            yield None
+            return
+        ck = self.checkpointer
+        c = self.config.checkpoint
+        count = c.num_checkpoints_write if phase == "save" else c.num_checkpoints_read
+        total = ck.rank_bytes(ck.rank if phase == "save" else ck.source_rank())
+        try:
+            width = os.get_terminal_size(term.fileno()).columns or 100
+        except OSError:
+            width = 100
+        try:
+            with tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, leave=False, file=term,
+                      ncols=width, desc=f"rank 0 {phase} {step}/{count}") as bar:
+                yield bar.update
+        finally:
+            if term is not sys.stdout:
+                term.close()
+
+    def _check_inventory(self, steps: list[int]) -> None:
+        """Rank 0 lists once and compares with the plan; nobody else lists."""
+        result = None
+        if self.rank == 0:
+            with self.abort_on_error("listing the checkpoints"):
+                result = self.checkpointer.inventory(steps)
+            print(f"[INFO] inventory: {result['message']}", flush=True)
+        self.inventory = self.comm.bcast(result, root=0)
+        if not self.inventory["ok"] and self.rank == 0:
+            abort(self.comm, str(inventory_error(self.inventory)))
+
+    # -- the end -----------------------------------------------------------------
+    def finalize(self) -> None:
+        """Collective: gather the windows, check the inventory, write the results,
+        then clean up. Called once, after the last checkpoint, on every rank."""
+        self.end_time = time.time()
+        c = self.config.checkpoint
+        for phase in PHASES:
+            gathered = self.comm.gather(self.local[phase], root=0)
+            if self.rank == 0:
+                self.windows[phase] = [metrics.global_window([g[i] for g in gathered])
+                                       for i in range(len(self.local[phase]))]
+        if c.num_checkpoints_write:
+            self._check_inventory(list(range(1, c.num_checkpoints_write + 1)))
+        with self.abort_on_error("writing the results"):
+            trace.chunk_events(self.files)
+            self._write_results()
+        self.comm.barrier()
+        if not c.keep_files and self.rank == 0:
+            with self.abort_on_error("removing the checkpoints"):
+                removed = self.checkpointer.remove_written(list(range(1, c.num_checkpoints_write + 1)))
+            print(f"[INFO] keep_files=False: removed the {removed} checkpoint files this run wrote", flush=True)
+        self.checkpointer.close()
+        self.comm.barrier()
+
+    def _write_results(self) -> None:
+        totals = {p: phase_totals(self.files[p]) for p in PHASES}
+        records.write_rank_stats(self, totals)
+        gathered = self.comm.gather(totals, root=0)
+        if self.rank != 0:
+            return
+        reports = {p: phase_report([g[p] for g in gathered]) for p in PHASES}
+        lines = []
+        if not self.dlio_reports_metrics:
+            for phase in PHASES:
+                if self.windows[phase]:
+                    lines += metrics.metric_lines(phase, self.windows[phase])
+        else:
+            for phase in PHASES:
+                if self.windows[phase]:
+                    lines += [line.replace("[METRIC]", "[INFO] global window:")
+                              for line in metrics.metric_lines(phase, self.windows[phase])]
+        for phase in PHASES:
+            lines += metrics.results_block(phase, reports[phase])
+        lines += self.warnings()
+        print("\n".join(lines), flush=True)
+        records.write_run_record(self, reports)
+        print(f"[INFO] results in {self.output_folder}", flush=True)

@@ -1,0 +1,144 @@
+"""Our storage backends offered to DLIO as DLIO storage classes.
+
+DLIO makes its own storage calls for a checkpoint workload (it creates the
+storage_root namespace, upstream counts the checkpoints with walk_node before
+reading them, it deletes its data folder when keep_files is off). For a
+workload that names our mechanism those calls go through the same backend the
+mechanism writes with (POSIX or s3dlio), so DLIO needs neither
+s3torchconnector nor a dataset format. DLIO's StorageFactory has no hook for
+a storage class, so install() wraps it; the wrapper picks ours only for a
+workload whose checkpoint_mechanism_classname is our mechanism.
+"""
+from __future__ import annotations
+
+import fnmatch
+import posixpath
+from typing import Optional
+
+from dlio_benchmark.common.enumerations import MetadataType, NamespaceType, StorageType
+from dlio_benchmark.storage.storage_handler import DataStorage, Namespace
+from dlio_benchmark.utils.config import ConfigArguments
+
+from omegaconf import OmegaConf
+
+from dlio_ckpt_ext.config import MECHANISM_CLASS
+from dlio_ckpt_ext.dlio import context
+from dlio_ckpt_ext.storage import Backend, open_backend
+
+OUR_TYPES = {"local_fs", "parallel_fs", "s3"}
+
+
+class StreamingStorage(DataStorage):
+    """DLIO's DataStorage interface over one of our backends, rooted at storage_root."""
+
+    def __init__(self, storage_type: str, namespace: str, options: Optional[dict] = None) -> None:
+        super().__init__(None)  # no framework: its native I/O is never used here
+        self.storage_type = storage_type
+        self.backend: Backend = open_backend(storage_type, namespace, dict(options or {}))
+        kind = NamespaceType.FLAT if storage_type == "s3" else NamespaceType.HIERARCHICAL
+        self.namespace = Namespace(namespace, kind)
+
+    def _rel(self, id: str) -> str:
+        """A node id relative to the namespace (DLIO passes relative ids, or
+        absolute paths below a local storage_root)."""
+        root = self.backend.uri("").rstrip("/")
+        id = str(id)
+        if id == root or id in ("", ".", "./"):
+            return ""
+        if id.startswith(root + "/"):
+            id = id[len(root) + 1:]
+        id = posixpath.normpath(id)
+        # an absolute local path stays absolute (the backend joins it as such)
+        return id.lstrip("/") if self.storage_type == "s3" else id
+
+    def get_uri(self, id: str) -> str:
+        return self.backend.uri(self._rel(id))
+
+    def create_namespace(self, exist_ok: bool = False) -> bool:
+        self.backend.prepare("")
+        return True
+
+    def get_namespace(self) -> str:
+        return self.namespace.name
+
+    def create_node(self, id: str, exist_ok: bool = False) -> bool:
+        self.backend.prepare(self._rel(id))
+        return True
+
+    def get_node(self, id: str = "") -> Optional[MetadataType]:
+        rel = self._rel(id)
+        parent, name = posixpath.split(rel)
+        if not rel:
+            return MetadataType.DIRECTORY
+        if name not in self.backend.children(parent):
+            return None
+        return MetadataType.DIRECTORY if self.backend.children(rel) else MetadataType.FILE
+
+    def walk_node(self, id: str, use_pattern: bool = False) -> list[str]:
+        rel = self._rel(id)
+        if not use_pattern:
+            return self.backend.children(rel)
+        parent, pattern = posixpath.split(rel)
+        return [self.backend.uri(posixpath.join(parent, n)) for n in self.backend.children(parent)
+                if fnmatch.fnmatch(n, pattern)]
+
+    def delete_node(self, id: str) -> bool:
+        """Only single files: a benchmark deletes what it wrote, never a tree."""
+        return self.backend.delete_file(self._rel(id))
+
+    def isfile(self, id: str) -> bool:
+        return self.get_node(id) == MetadataType.FILE
+
+    def get_basename(self, id: str) -> str:
+        return posixpath.basename(str(id))
+
+    def islocalfs(self) -> bool:
+        return self.storage_type != "s3"
+
+
+def ours(args: ConfigArguments) -> bool:
+    """Whether the workload DLIO loaded names our mechanism (or a subclass path of it)."""
+    name = getattr(args, "checkpoint_mechanism_classname", None) or ""
+    return name == MECHANISM_CLASS or name.endswith(".StreamingCheckpointing")
+
+
+_installed = False
+
+
+def install() -> None:
+    """Route DLIO's storage for our workloads through StreamingStorage, on both DLIOs."""
+    global _installed
+    if _installed:
+        return
+    from dlio_benchmark.storage import storage_factory
+
+    dlio_get_storage = storage_factory.StorageFactory.get_storage
+
+    def get_storage(storage_type, namespace, framework=None):
+        args = ConfigArguments.get_instance()
+        kind = str(storage_type.value if isinstance(storage_type, StorageType) else storage_type)
+        if ours(args) and kind in OUR_TYPES:
+            # DLIO 2.0.0 keeps no storage_options: take them from the workload
+            options = OmegaConf.select(context.get_workload(), "storage.storage_options") or {}
+            return StreamingStorage(kind, namespace, OmegaConf.to_container(options) if options else {})
+        return dlio_get_storage(storage_type, namespace, framework)
+
+    storage_factory.StorageFactory.get_storage = staticmethod(get_storage)
+
+    # Upstream's validate() requires s3torchconnector, an npz/npy dataset
+    # format and inline credentials whenever storage_type is s3 with pytorch:
+    # checks for its own S3 classes and dataset readers, none of which run
+    # for our workload. Validate everything else as DLIO does.
+    dlio_validate = ConfigArguments.validate
+
+    def validate(self, *a, **kw):
+        if not (ours(self) and self.storage_type == StorageType.S3):
+            return dlio_validate(self, *a, **kw)
+        self.storage_type = StorageType.LOCAL_FS
+        try:
+            return dlio_validate(self, *a, **kw)
+        finally:
+            self.storage_type = StorageType.S3
+
+    ConfigArguments.validate = validate
+    _installed = True
