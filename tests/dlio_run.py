@@ -32,8 +32,14 @@ class Run:
     out: Path
 
     def metrics(self) -> dict:
-        """The [METRIC] lines DLIO's reporter printed (ours on 2.0.0, upstream's on main)."""
-        return _figures(DLIO_METRIC, self.stdout)
+        """The [METRIC] lines DLIO's reporter printed (ours on 2.0.0, on stdout;
+        upstream's on main, through its logger on stderr)."""
+        return _figures(DLIO_METRIC, self.output)
+
+    @property
+    def output(self) -> str:
+        """Both streams, for what must (not) appear on either."""
+        return self.stdout + "\n" + self.stderr
 
     def window_metrics(self) -> dict:
         """Our global-window figures (the [METRIC] lines on 2.0.0, [INFO] lines on upstream)."""

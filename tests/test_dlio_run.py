@@ -112,7 +112,7 @@ def test_bad_input_fails_with_a_clear_error_and_no_metrics(workdir, override, me
     run = run_dlio(workdir, 2, "llama3_tiny_checkpoint", override)
     assert run.returncode != 0
     assert message in run.stderr
-    assert "[METRIC]" not in run.stdout
+    assert "[METRIC]" not in run.output
     assert not (run.out / "summary.json").exists() and not (run.out / RECORD_FILE).exists()
 
 
@@ -122,7 +122,7 @@ def test_checkpoint_folder_that_cannot_be_created(workdir):
                    f"++workload.checkpoint.checkpoint_folder={workdir / 'afile' / 'sub'}")
     assert run.returncode != 0
     assert f"cannot create directory {workdir / 'afile' / 'sub'}" in run.stderr
-    assert "[METRIC]" not in run.stdout
+    assert "[METRIC]" not in run.output
 
 
 def test_one_failing_rank_aborts_the_whole_job(workdir):
@@ -134,7 +134,7 @@ def test_one_failing_rank_aborts_the_whole_job(workdir):
     assert run.returncode != 0
     assert time.monotonic() - t0 < 60
     assert f"rank 1: checkpoint save 1 failed: cannot create {blocker}" in run.stderr
-    assert "[METRIC]" not in run.stdout
+    assert "[METRIC]" not in run.output
     assert not (run.out / "summary.json").exists() and not (run.out / RECORD_FILE).exists()
 
 
@@ -150,7 +150,7 @@ def test_progress_bar_only_on_a_terminal(workdir):
     piped = run_dlio(workdir, 2, "llama3_tiny_checkpoint", "++workload.checkpoint.num_checkpoints_write=2",
                      "++workload.checkpoint.num_checkpoints_read=1", out="piped")
     assert piped.returncode == 0 and "rank 0 save" not in piped.stdout + piped.stderr
-    assert "[METRIC] Checkpoint save duration" in piped.stdout
+    assert "[METRIC] Checkpoint save duration" in piped.output
 
 
 def test_idle_time_between_checkpoints_is_outside_the_window_and_keep_files_false_cleans_up(workdir):
