@@ -40,8 +40,10 @@ class StreamingCheckpointing(BaseCheckpointing):
         self.ext = "pt"
         args = ConfigArguments.get_instance()
         self.comm = DLIOMPI.get_instance().comm()
+        upstream = dlio_has_checkpoint_workflow()
         self.session = CheckpointSession(context.get_workload(), self.comm, args.output_folder,
-                                         dlio_reports_metrics=dlio_has_checkpoint_workflow())
+                                         dlio_reports_metrics=upstream,
+                                         dlio_rank_sync=args.checkpoint_rank_sync if upstream else None)
         #: what upstream's StatsCounter divides by each checkpoint's duration:
         #: GiB of one whole checkpoint, all ranks (BaseCheckpointing's meaning)
         self.checkpoint_size = self.session.checkpoint_bytes / GiB

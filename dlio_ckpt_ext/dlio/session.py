@@ -29,9 +29,12 @@ PHASES = ("save", "load")
 
 
 class CheckpointSession:
-    def __init__(self, workload: DictConfig, comm, output_folder: str, dlio_reports_metrics: bool) -> None:
+    def __init__(self, workload: DictConfig, comm, output_folder: str, dlio_reports_metrics: bool,
+                 dlio_rank_sync: Optional[bool] = None) -> None:
         """dlio_reports_metrics: DLIO itself prints the [METRIC] lines (upstream),
-        so ours would only repeat them under another label."""
+        so ours would only repeat them under another label. dlio_rank_sync: the
+        rank_sync DLIO's own loop applies, where it differs from ours (upstream's
+        default is False when a workload does not set it)."""
         self.comm = comm
         self.rank, self.size = comm.rank, comm.size
         self.workload = workload
@@ -44,7 +47,9 @@ class CheckpointSession:
             if self.rank == 0:
                 sys.stderr.write(f"[ERROR] {exc}\n")
             raise SystemExit(2) from None
-        self.output_folder = os.path.abspath(output_folder)
+        self.rank_sync = self.config.checkpoint.rank_sync if dlio_rank_sync is None else dlio_rank_sync
+        # DLIO's per-rank run directories can differ (hydra's ${now}): ours is rank 0's
+        self.output_folder = comm.bcast(os.path.abspath(output_folder) if self.rank == 0 else None, root=0)
         #: per phase: this rank's record of each checkpoint, in the order run
         self.local: dict[str, list[dict]] = {p: [] for p in PHASES}
         self.files: dict[str, list[FileStats]] = {p: [] for p in PHASES}
@@ -94,7 +99,7 @@ class CheckpointSession:
         """What a reader of the figures must know about how they were measured."""
         out = []
         c, backend = self.config.checkpoint, self.checkpointer.backend
-        if not c.rank_sync:
+        if not self.rank_sync:
             out.append("[WARNING] checkpoint.rank_sync is False: DLIO times each checkpoint on rank 0 alone; "
                        "the global windows (first rank's start to last rank's close) are in "
                        f"{records.RECORD_FILE}")

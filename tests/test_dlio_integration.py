@@ -1,0 +1,128 @@
+"""Inside DLIO, on whichever DLIO this environment has: DLIO's own configs,
+DLIO's tracer, DLIO's result files, one results directory per run."""
+import gzip
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from dlio_ckpt_ext.dlio.records import RECORD_FILE
+from dlio_run import UPSTREAM, dlio_command, run_dlio
+from test_dlio_run import zero3_file_sizes
+
+SMALL_8B = dict(L=2, h=256, f=512, V=1024, heads=4, kv=2)
+SHRINK = ["++workload.model.num_layers=2", "++workload.model.transformer.hidden_size=256",
+          "++workload.model.transformer.ffn_hidden_size=512", "++workload.model.transformer.vocab_size=1024",
+          "++workload.model.transformer.num_attention_heads=4", "++workload.model.transformer.num_kv_heads=2"]
+TWO_ONE = ["++workload.checkpoint.num_checkpoints_write=2", "++workload.checkpoint.num_checkpoints_read=1"]
+
+
+def on_disk(folder: Path) -> dict[str, int]:
+    return {str(p.relative_to(folder)): p.stat().st_size for p in folder.rglob("*.pt")}
+
+
+def expected_files(steps, ranks, shape) -> dict[str, int]:
+    model, optim = zero3_file_sizes(**shape, ranks=ranks)
+    return {f"global_epoch1_step{s}/zero_pp_rank_{r}_mp_rank_00_{kind}_states.pt": size
+            for s in steps for r in range(ranks) for kind, size in (("model", model), ("optim", optim))}
+
+
+@pytest.mark.skipif(not UPSTREAM, reason="DLIO 2.0.0 has no checkpoint-only workflow to drive a bare mechanism")
+def test_upstream_own_llama_config_drives_our_mechanism_without_our_presets(workdir):
+    run = run_dlio(workdir, 2, "llama_8b_zero3", *SHRINK, *TWO_ONE,
+                   "++workload.checkpoint.checkpoint_mechanism_classname="
+                   "dlio_ckpt_ext.dlio.mechanism.StreamingCheckpointing",
+                   "++workload.checkpoint.time_between_checkpoints=0")
+    assert run.returncode == 0, run.output[-3000:]
+    assert on_disk(workdir / "ckpt") == expected_files((1, 2), 2, SMALL_8B)
+    assert "[INFO] inventory: 8 files present, 8 expected, sizes match" in run.stdout
+    assert "RESULTS (save):" in run.stdout and "RESULTS (load):" in run.stdout
+    assert set(run.metrics()) == {("save", "duration"), ("save", "I/O"), ("load", "duration"), ("load", "I/O")}
+    # upstream's own config leaves rank_sync at DLIO's default (False): said, not hidden
+    assert "[WARNING] checkpoint.rank_sync is False" in run.stdout
+    assert run.record()["status"] == "success"
+
+
+def trace_events(folder: Path) -> dict[int, list[dict]]:
+    """Every event of every rank's dftracer file (pydftracer 1.x: trace-R-of-N.pfw,
+    a JSON array one event a line; 2.x: trace-R-of-N-<hash>-app.pfw.gz, JSON lines)."""
+    out: dict[int, list[dict]] = {}
+    for path in sorted(folder.glob("trace-*-of-*.pfw*")):
+        rank = int(path.name.split("-")[1])
+        text = gzip.decompress(path.read_bytes()).decode() if path.suffix == ".gz" else path.read_text()
+        for line in text.splitlines():
+            line = line.strip().lstrip("[").rstrip(",]").strip()
+            if line.startswith("{"):
+                out.setdefault(rank, []).append(json.loads(line))
+    return out
+
+
+def test_dftracer_trace_has_our_checkpoint_file_and_chunk_spans(workdir):
+    run = run_dlio(workdir, 2, "llama3_tiny_checkpoint", *TWO_ONE, "++workload.streaming.chunk_size=8MiB",
+                   env={"DFTRACER_ENABLE": "1"})
+    assert run.returncode == 0, run.output[-3000:]
+    events = trace_events(run.out)
+    assert sorted(events) == [0, 1]
+    for stats in run.rank_stats():
+        ours = [e for e in events[stats["rank"]] if e["cat"] == "dlio_ckpt_ext"]
+        names = [e["name"] for e in ours]
+        for phase, steps in (("save", (1, 2)), ("load", (1,))):
+            for step, rec in zip(steps, stats["phases"][phase]):
+                span = [e for e in ours if e["name"] == f"checkpoint.{phase}.step{step}"]
+                assert len(span) == 1
+                # the span encloses the rank's own timing of that checkpoint
+                assert int(span[0]["dur"]) / 1e6 == pytest.approx(rec["elapsed_s"], abs=0.02)
+            files = [f for rec in stats["phases"][phase] for f in rec["files"]]
+            io = "write" if phase == "save" else "read"
+            assert names.count(f"file.{io}") == len(files)
+            assert names.count(f"chunk.{io}") == sum(len(f["chunks"]) for f in files)
+            chunk_io_s = sum(c[3] for f in files for c in f["chunks"])
+            traced_s = sum(int(e["dur"]) for e in ours if e["name"] == f"chunk.{io}") / 1e6
+            assert traced_s == pytest.approx(chunk_io_s, abs=1e-3 * len(files) + 1e-3)
+        assert names.count("chunk.fill") == sum(len(f["chunks"]) for rec in stats["phases"]["save"]
+                                                for f in rec["files"])
+
+
+def test_a_results_folder_that_holds_results_is_refused(workdir):
+    first = run_dlio(workdir, 2, "llama3_tiny_checkpoint", *TWO_ONE)
+    assert first.returncode == 0, first.output[-3000:]
+    kept = (first.out / RECORD_FILE).read_text()
+    again = run_dlio(workdir, 2, "llama3_tiny_checkpoint", *TWO_ONE)
+    assert again.returncode == 2
+    assert f"workload.output.folder='{first.out}'; allowed: a directory that holds no other run's results" \
+        in again.stderr
+    assert (first.out / RECORD_FILE).read_text() == kept
+
+
+def test_two_runs_started_together_get_their_own_default_run_directories(workdir):
+    procs = []
+    for name in ("a", "b"):
+        cmd = [c for c in dlio_command(workdir, 2, "llama3_tiny_checkpoint", *TWO_ONE,
+                                       checkpoint_folder=str(workdir / f"ckpt_{name}"))
+               if not c.startswith("++workload.output.folder=")]
+        procs.append(subprocess.Popen(cmd, cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [o[1][-2000:] for o in outs]
+    folders = [next(line.split("results in ", 1)[1].strip() for line in out.splitlines() if "results in " in line)
+               for out, _ in outs]
+    assert folders[0] != folders[1]
+    run_dirs = sorted(p for p in (workdir / "hydra_log" / "llama3_tiny").iterdir())
+    assert sorted(map(str, run_dirs)) == sorted(folders)  # no rank left a stray directory behind
+    for folder in folders:
+        record = json.loads((Path(folder) / RECORD_FILE).read_text())
+        assert record["status"] == "success" and len(list((Path(folder) / "rank_stats").iterdir())) == 2
+        assert (Path(folder) / "summary.json").exists()
+
+
+def test_keep_files_false_deletes_only_what_the_run_wrote(workdir):
+    folder = workdir / "shared"
+    (folder / "global_epoch1_step1").mkdir(parents=True)
+    (folder / "notes.txt").write_text("mine")
+    (folder / "global_epoch1_step1" / "other.pt").write_text("not the benchmark's")
+    run = run_dlio(workdir, 2, "llama3_tiny_checkpoint", *TWO_ONE, "++workload.checkpoint.keep_files=False",
+                   checkpoint_folder=str(folder))
+    assert run.returncode == 0, run.output[-3000:]
+    assert "[INFO] keep_files=False: removed the 8 checkpoint files this run wrote" in run.stdout
+    left = sorted(str(p.relative_to(folder)) for p in folder.rglob("*"))
+    assert left == ["global_epoch1_step1", "global_epoch1_step1/other.pt", "notes.txt"]
