@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# Run a preset against a throw-away local S3 server (SeaweedFS on 127.0.0.1).
-#   run_scripts/s3_local_run.sh [NP] [WORKLOAD] [extra hydra overrides...]
+# Run a preset against a throw-away local S3 server (SeaweedFS on 127.0.0.1),
+# setting up DLIO's environment first if it is missing.
+#   run_scripts/s3_local_run.sh [--dlio 2.0.0|upstream] [NP] [WORKLOAD] [extra hydra overrides...]
 #   run_scripts/s3_local_run.sh 2 llama3_tiny_checkpoint ++workload.streaming.verify=True
 set -euo pipefail
-repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-venv="${VENV:-$repo/.venv}"
+source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
+ensure_env "$dlio"
 np="${1:-2}"; workload="${2:-llama3_tiny_checkpoint}"; shift $(( $# > 2 ? 2 : $# ))
 export PATH="$venv/bin:$PATH"
 root=()

@@ -1,10 +1,19 @@
 #!/usr/bin/env bash
-# The test suite (default: everything not marked slow), in the setup.sh venv.
-#   run_scripts/test.sh [pytest args]      e.g. run_scripts/test.sh -m slow
+# The test suite, in one DLIO's environment or both, set up first if missing.
+#   run_scripts/test.sh [--dlio 2.0.0|upstream|both] [pytest args]
+#   run_scripts/test.sh                     2.0.0, everything not marked slow
+#   run_scripts/test.sh --dlio both         both DLIOs (what CI runs)
+#   run_scripts/test.sh -m slow             the long tests
 set -euo pipefail
-repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-venv="${VENV:-$repo/.venv}"
+source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 cd "$repo"
-export PATH="$venv/bin:$PATH"
 if [ $# -eq 0 ]; then set -- -m "not slow"; fi
-exec "$venv/bin/python" -m pytest "$@"
+flavours=("$dlio")
+[ "$dlio" = both ] && flavours=(2.0.0 upstream)
+status=0
+for flavour in "${flavours[@]}"; do
+  ensure_env "$flavour"
+  echo "=== tests with DLIO $flavour ($venv)"
+  PATH="$venv/bin:$PATH" "$venv/bin/python" -m pytest "$@" || status=$?
+done
+exit $status
