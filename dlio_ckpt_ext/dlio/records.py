@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from omegaconf import OmegaConf
 
-from dlio_ckpt_ext.dlio import metrics, provenance
+from dlio_ckpt_ext.dlio import metrics, provenance, trace
 from dlio_ckpt_ext.engine.threads import usable_cpus
 from dlio_ckpt_ext.redact import redact_args, redact_tree
 
@@ -38,7 +38,8 @@ def write_rank_stats(session: "CheckpointSession", totals: dict) -> None:
     metrics.write_json(os.path.join(rank_dir, f"rank_{session.rank:05d}.json"), {
         "rank": session.rank, "hostname": os.uname().nodename, "local_rank": topo.local_rank,
         "ranks_per_node": topo.ranks_per_node, "gen_threads": ck.gen_threads,
-        "source_rank_for_loads": ck.source_rank(), "phases": session.local, "totals": totals})
+        "source_rank_for_loads": ck.source_rank(), "phases": session.local, "totals": totals,
+        "trace": dict(trace.COST) if trace.enabled() else None})
 
 
 def manifest(session: "CheckpointSession") -> dict:

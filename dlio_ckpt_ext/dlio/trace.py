@@ -17,6 +17,10 @@ from typing import Optional
 
 CAT = "dlio_ckpt_ext"
 
+#: what tracing cost this process: seconds spent logging inside timed
+#: windows (checkpoint spans) and after them (file and chunk spans), events
+COST = {"in_window_s": 0.0, "after_s": 0.0, "events": 0}
+
 
 def _tracer():
     """DLIO's tracer instance when a trace is being written, else None.
@@ -78,6 +82,8 @@ def span(name: str, step: Optional[int] = None):
         end = time.time()
         _log(tracer, f"{name}.step{step}" if step is not None else name, clock.at(start),
              clock.length(end - start))
+        COST["in_window_s"] += time.time() - end
+        COST["events"] += 1
 
 
 def chunk_events(files_by_phase: dict) -> int:
@@ -85,6 +91,7 @@ def chunk_events(files_by_phase: dict) -> int:
     tracer = _tracer()
     if tracer is None:
         return 0
+    began = time.perf_counter()
     clock = _Clock(tracer)
     count = 0
 
@@ -109,4 +116,10 @@ def chunk_events(files_by_phase: dict) -> int:
                 event(first_name, produced_at, first)
                 if second:
                     event(second_name, done_at, second)
+    COST["after_s"] += time.perf_counter() - began
+    COST["events"] += count
     return count
+
+
+def enabled() -> bool:
+    return _tracer() is not None
