@@ -18,14 +18,17 @@ import os
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Optional
 
 from dlio_ckpt_ext import plan
 from dlio_ckpt_ext.config import RunConfig, load_config
 from dlio_ckpt_ext.dlio.records import RECORD_FILE
 from dlio_ckpt_ext.errors import ConfigError
 from dlio_ckpt_ext.executables import find_executable
+from dlio_ckpt_ext.redact import redact_args, redact_text
+from dlio_ckpt_ext.report.results import flatten
 
 CLOSED_PROCESSES = {"llama3_8b": 8, "llama3_70b": 64, "llama3_405b": 512, "llama3_1t": 1024}
 CLOSED_CHECKPOINTS = 10
@@ -39,18 +42,74 @@ class Submission:
     hosts: list[str]
     ranks_per_host: int
     overrides: list[str] = field(default_factory=list)
+    subset_data: Optional[int] = None  # subset mode: data-parallel degree of the full job
 
     @property
     def ranks(self) -> int:
         return len(self.hosts) * self.ranks_per_host
 
+    @property
+    def mode_overrides(self) -> list[str]:
+        """What --subset-data sets: part of a CLOSED run, unlike user overrides."""
+        if not self.subset_data:
+            return []
+        return ["++workload.checkpoint.mode=subset", f"++workload.model.parallelism.data={self.subset_data}"]
 
-def effective_config(sub: Submission) -> RunConfig:
-    """The preset with the overrides, composed by hydra exactly as dlio_benchmark would."""
+    @property
+    def all_overrides(self) -> list[str]:
+        return [*self.overrides, *self.mode_overrides]
+
+
+def presets() -> list[str]:
+    from hydra_plugins.dlio_ckpt_ext_searchpath import presets_location
+    location = presets_location()
+    if location.startswith("file://"):
+        folder = Path(location[len("file://"):]) / "workload"
+    else:
+        import importlib.resources
+        folder = Path(str(importlib.resources.files("dlio_ckpt_ext.configs") / "workload"))
+    return sorted(p.stem for p in folder.glob("*_checkpoint.yaml"))
+
+
+def effective_config(sub: Submission, with_user_overrides: bool = True) -> RunConfig:
+    """The preset with the overrides, composed by hydra exactly as dlio_benchmark would
+    (without the user's overrides: the preset as CLOSED requires it)."""
     from hydra import compose, initialize_config_module
-    with initialize_config_module(config_module="dlio_benchmark.configs", version_base=None):
-        cfg = compose(config_name="config", overrides=[f"workload={sub.workload}", *sub.overrides])
+    from hydra.errors import MissingConfigException
+    overrides = sub.all_overrides if with_user_overrides else sub.mode_overrides
+    try:
+        with initialize_config_module(config_module="dlio_benchmark.configs", version_base=None):
+            cfg = compose(config_name="config", overrides=[f"workload={sub.workload}", *overrides])
+    except MissingConfigException:
+        raise ConfigError("--workload", sub.workload, "one of the checkpoint presets: " + ", ".join(presets()))
     return load_config(cfg.workload, sub.ranks)
+
+
+def written(cfg: RunConfig) -> dict:
+    """Every setting that decides what a run writes: model shape and dtypes,
+    parallelism and checkpoint mode, content properties."""
+    sections = asdict(cfg.sections)
+    return {**{f"model.{k}": v for k, v in flatten(sections["model"]).items() if k not in ("name",)},
+            "checkpoint.mode": cfg.checkpoint.mode,
+            "streaming.dedup_ratio": cfg.streaming.dedup_ratio,
+            "streaming.compress_ratio": cfg.streaming.compress_ratio}
+
+
+def same_as_preset(sub: Submission, cfg: RunConfig) -> list[str]:
+    """CLOSED: the bytes each rank writes, and their content properties, are
+    exactly the unmodified preset's for this process count."""
+    preset = effective_config(sub, with_user_overrides=False)
+    mine, theirs = written(cfg), written(preset)
+    out = [f"{k} is {mine.get(k)!r}; CLOSED requires the preset's {theirs.get(k)!r}"
+           for k in sorted(set(mine) | set(theirs)) if mine.get(k) != theirs.get(k)]
+    for rank in range(sub.ranks):
+        got = plan.rank_plan(cfg.shape, cfg.parallelism, sub.ranks, rank).files
+        want = plan.rank_plan(preset.shape, preset.parallelism, sub.ranks, rank).files
+        if got != want:
+            out.append(f"rank {rank} writes {sum(f.size for f in got)} bytes in {len(got)} files; CLOSED requires "
+                       f"the preset's {sum(f.size for f in want)} bytes in {len(want)} files")
+            break
+    return out
 
 
 def host_ram_bytes() -> int:
@@ -59,7 +118,7 @@ def host_ram_bytes() -> int:
 
 def check_closed_rules(sub: Submission, cfg: RunConfig, can_drop_cache: bool, ram_bytes: int) -> list[str]:
     """Every way this run would not be a valid CLOSED submission."""
-    out = []
+    out = same_as_preset(sub, cfg)
     c, par = cfg.checkpoint, cfg.parallelism
     required = CLOSED_PROCESSES.get(cfg.model.name)
     if required is None:
@@ -100,10 +159,10 @@ def mpirun(sub: Submission, np_per_host: int, command: list[str], extra: list[st
 
 def run_phase(sub: Submission, name: str, results: Path, phase_overrides: list[str], extra: list[str]) -> dict:
     out = results / name
-    dlio = [find_executable("dlio_benchmark"), f"workload={sub.workload}", *sub.overrides, *phase_overrides,
+    dlio = [find_executable("dlio_benchmark"), f"workload={sub.workload}", *sub.all_overrides, *phase_overrides,
             f"++workload.output.folder={out}"]
     cmd = mpirun(sub, sub.ranks_per_host, dlio, extra)
-    print(f"[submit] {name} phase: {' '.join(cmd)}", flush=True)
+    print(f"[submit] {name} phase: {' '.join(redact_args(cmd))}", flush=True)
     if subprocess.call(cmd) != 0:
         raise SystemExit(f"[submit] the {name} phase failed; see its output above")
     return json.loads((out / RECORD_FILE).read_text())
@@ -133,15 +192,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dry-run", action="store_true", help="check the rules and stop")
     ap.add_argument("overrides", nargs="*", help="after --: hydra overrides for both phases")
     args = ap.parse_args(argv)
-    overrides = list(args.overrides)
-    if args.subset_data:
-        overrides += ["++workload.checkpoint.mode=subset", f"++workload.model.parallelism.data={args.subset_data}"]
-    sub = Submission(args.workload, args.hosts.split(","), args.ranks_per_host, overrides)
+    sub = Submission(args.workload, args.hosts.split(","), args.ranks_per_host, list(args.overrides),
+                     args.subset_data)
+    overrides = sub.all_overrides
     try:
         cfg = effective_config(sub)
         find_executable("mpirun")
     except (ConfigError, FileNotFoundError) as exc:
-        print(f"[submit] {exc}", file=sys.stderr)
+        print(redact_text(f"[submit] {exc}"), file=sys.stderr)
         return 2
     ram = int(args.host_ram_gib * 2**30) if args.host_ram_gib else host_ram_bytes()
     violations = check_closed_rules(sub, cfg, os.geteuid() == 0, ram)
@@ -167,7 +225,8 @@ def main(argv: list[str] | None = None) -> int:
         violations.append(f"the read phase started {gap:.1f} s after the write phase ended "
                           f"(limit {READ_START_LIMIT_S:.0f} s)")
     report = {"workload": args.workload, "hosts": sub.hosts, "ranks_per_host": sub.ranks_per_host,
-              "ranks": sub.ranks, "overrides": overrides, "division": "OPEN" if violations else "CLOSED",
+              "ranks": sub.ranks, "overrides": redact_args(overrides),
+              "division": "OPEN" if violations else "CLOSED",
               "closed_rule_violations": violations, "page_cache_dropped": dropped, "cache_note": cache_note,
               "read_start_after_write_s": gap,
               "save": {k: write["save"][k] for k in ("throughput_gib_s_mean", "throughput_gib_s_std",

@@ -16,6 +16,19 @@ def tool(name: str) -> str:
     return str(path) if path.exists() else (shutil.which(name) or name)
 
 
+BUCKET = "ckpt"
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory):
+    """A real S3 server (SeaweedFS on loopback) with bucket BUCKET, per test module."""
+    from s3_server import start_s3_server
+    server = start_s3_server(tmp_path_factory.mktemp("seaweedfs"))
+    server.client().create_bucket(Bucket=BUCKET)
+    yield server
+    server.stop()
+
+
 @pytest.fixture
 def workdir(tmp_path: Path) -> Path:
     """A scratch directory on a disk file system (O_DIRECT capable)."""

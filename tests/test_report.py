@@ -117,9 +117,37 @@ def test_closed_rules():
     assert any("fsync is off" in p for p in problems)
     # 2 of 8 ranks (14.05 GB each) write 262 GiB per host over 10 checkpoints: under 3x 128 GiB of RAM
     assert any("less than 3x its RAM" in p for p in problems)
-    subset = Submission("llama3_8b_checkpoint", ["n1"], 4,
-                        ["++workload.checkpoint.mode=subset", "++workload.model.parallelism.data=8"])
+    subset = Submission("llama3_8b_checkpoint", ["n1"], 4, subset_data=8)
     assert check_closed_rules(subset, effective_config(subset), True, 64 << 30) == []
+
+
+@pytest.mark.parametrize("override, violation", [
+    ("++workload.model.num_layers=2", "model.num_layers is 2; CLOSED requires the preset's 32"),
+    ("++workload.model.transformer.hidden_size=1024", "model.transformer.hidden_size is 1024"),
+    ("++workload.model.optimizer_datatype=fp16", "model.optimizer_datatype is 'fp16'; CLOSED requires the preset's 'fp32'"),
+    ("++workload.model.parallelism.zero_stage=1", "model.parallelism.zero_stage is 1"),
+    ("++workload.streaming.dedup_ratio=4", "streaming.dedup_ratio is 4; CLOSED requires the preset's 1"),
+])
+def test_closed_means_exactly_the_presets_bytes(override, violation):
+    sub = Submission("llama3_8b_checkpoint", ["n1", "n2"], 4, [override])
+    problems = check_closed_rules(sub, effective_config(sub), True, 64 << 30)
+    assert any(violation in p for p in problems), problems
+    if "dedup" not in override:
+        assert any(p.startswith("rank 0 writes ") for p in problems), problems
+
+
+def test_closed_allows_settings_that_do_not_change_what_is_written():
+    sub = Submission("llama3_8b_checkpoint", ["n1", "n2"], 4, ["++workload.streaming.chunk_size=64MiB",
+                                                              "++workload.storage.storage_options.write_mode=buffered"])
+    assert check_closed_rules(sub, effective_config(sub), True, 64 << 30) == []
+
+
+def test_submit_with_an_unknown_workload_lists_the_presets(tmp_path):
+    res = subprocess.run([tool("dlio-ckpt-submit"), "--workload", "llama3_9b_checkpoint", "--ranks-per-host", "4",
+                          "--dry-run"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    assert "--workload='llama3_9b_checkpoint'; allowed: one of the checkpoint presets: llama3_1t_checkpoint, " \
+           "llama3_405b_checkpoint, llama3_70b_checkpoint, llama3_8b_checkpoint, llama3_tiny_checkpoint" in res.stderr
 
 
 def test_submission_run_writes_then_reads_back_within_30_seconds(tmp_path):

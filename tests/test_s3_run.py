@@ -5,21 +5,12 @@ import time
 
 import pytest
 
+from conftest import BUCKET
 from dlio_run import dlio_command, run_dlio
 from s3_server import SECRET_KEY, free_port, start_s3_server
 from test_dlio_run import TINY, zero3_file_sizes
-
-BUCKET = "ckpt"
 S3 = ["++workload.storage.storage_type=s3", "++workload.checkpoint.num_checkpoints_write=2",
       "++workload.checkpoint.num_checkpoints_read=1"]
-
-
-@pytest.fixture(scope="module")
-def s3(tmp_path_factory):
-    server = start_s3_server(tmp_path_factory.mktemp("seaweedfs"))
-    server.client().create_bucket(Bucket=BUCKET)
-    yield server
-    server.stop()
 
 
 def test_tiny_preset_on_s3_every_object_present_with_exact_size(s3, workdir):

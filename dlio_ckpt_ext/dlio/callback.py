@@ -13,6 +13,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from dlio_ckpt_ext.dlio import context
 from dlio_ckpt_ext.dlio.provenance import dlio_has_checkpoint_workflow
+from dlio_ckpt_ext.redact import redact_text
 
 #: files that mark a directory as another run's results
 RESULT_FILES = ("summary.json", "ckpt_ext_summary.json")
@@ -23,26 +24,51 @@ def wants_checkpoint_only(workload: DictConfig) -> bool:
     return bool(wf.get("checkpoint", False)) and not bool(wf.get("train", False))
 
 
-def install_workflow() -> None:
-    """Make DLIO 2.0.0's task function build our workflow instead of DLIOBenchmark.
+_DLIO_BENCHMARK: dict[str, type] = {}
 
-    DLIO 2.0.0 has no hook for a workflow, but its task function looks
+
+def _set_benchmark_class(cls: type) -> None:
+    """Make DLIO's task function build `cls` instead of DLIOBenchmark.
+
+    DLIO has no hook for a workflow, but its task function looks
     DLIOBenchmark up in its module at call time, so the swap reaches it
     whether DLIO runs as the dlio_benchmark script or as `python -m`.
     """
     import dlio_benchmark.main as dlio_main
-
-    from dlio_ckpt_ext.dlio.workflow import CheckpointOnlyBenchmark
+    _DLIO_BENCHMARK.setdefault("original", dlio_main.DLIOBenchmark)
     for module in (dlio_main, sys.modules.get("__main__")):
         if module is not None and hasattr(module, "run_benchmark") and hasattr(module, "DLIOBenchmark"):
-            module.DLIOBenchmark = CheckpointOnlyBenchmark
+            module.DLIOBenchmark = cls
+
+
+def install_workflow() -> None:
+    from dlio_ckpt_ext.dlio.workflow import CheckpointOnlyBenchmark
+    _set_benchmark_class(CheckpointOnlyBenchmark)
 
 
 def choose_workflow(workload: DictConfig) -> None:
     """Our checkpoint-only workflow on a DLIO without one (2.0.0); DLIO's own
-    everywhere else (upstream main, and training workloads)."""
+    everywhere else (upstream main, and training workloads). Chosen anew for
+    each job of a multirun, which may have replaced it for a failed job."""
     if wants_checkpoint_only(workload) and not dlio_has_checkpoint_workflow():
         install_workflow()
+    elif "original" in _DLIO_BENCHMARK:
+        _set_benchmark_class(_DLIO_BENCHMARK["original"])
+
+
+class InvalidJob(Exception):
+    """A multirun job whose config was refused: the job fails, the sweep goes on."""
+
+
+def _fail_this_job(message: str) -> None:
+    """In a multirun, refusing a job must not end the sweep (hydra stops on
+    SystemExit from a callback, but records an exception from the task as a
+    failed job and runs the next): DLIO's task function builds this instead."""
+    class RefusedJob:
+        def __init__(self, cfg: DictConfig) -> None:
+            raise InvalidJob(message)
+
+    _set_benchmark_class(RefusedJob)
 
 
 def reset_singletons() -> None:
@@ -56,11 +82,42 @@ def reset_singletons() -> None:
     StreamingCheckpointing.reset()
 
 
+class _Refused(Exception):
+    pass
+
+
 def _stop(comm, message: str) -> None:
-    """Every rank checks the same config, so every rank stops here together."""
+    """Every rank checks the same config, so every rank stops here together
+    (a multirun job fails alone: see CheckpointWorkloadCallback)."""
     if comm.rank == 0:
-        sys.stderr.write(f"[ERROR] {message}\n")
-    raise SystemExit(2)
+        sys.stderr.write(f"[ERROR] {redact_text(message)}\n")
+    raise _Refused(redact_text(message))
+
+
+def redact_hydra_records() -> None:
+    """hydra saved this job's config and overrides (.hydra/*.yaml, and a
+    sweep's multirun.yaml) before any callback ran; a credential given as an
+    override is in them. Rewrite them with credentials redacted."""
+    hydra_cfg = HydraConfig.instance().cfg
+    if hydra_cfg is None:
+        return
+    h = hydra_cfg.hydra
+    paths = []
+    if h.output_subdir is not None:
+        saved = os.path.join(h.runtime.output_dir, h.output_subdir)
+        paths += [os.path.join(saved, n) for n in ("config.yaml", "overrides.yaml", "hydra.yaml")]
+    if OmegaConf.select(hydra_cfg, "hydra.sweep.dir"):
+        paths.append(os.path.join(h.sweep.dir, "multirun.yaml"))
+    for path in paths:
+        try:
+            with open(path) as fh:
+                text = fh.read()
+        except OSError:
+            continue
+        clean = redact_text(text)
+        if clean != text:
+            with open(path, "w") as fh:
+                fh.write(clean)
 
 
 def check_workload(workload: DictConfig) -> None:
@@ -72,10 +129,15 @@ def check_workload(workload: DictConfig) -> None:
 
     from dlio_ckpt_ext.config import MECHANISM_CLASS, load_config
     from dlio_ckpt_ext.dlio.mechanism import StreamingCheckpointing
+    from dlio_ckpt_ext.dlio.mpi import topology
+    from dlio_ckpt_ext.dlio.sections import check_sections
+    from dlio_ckpt_ext.memory import check_memory
     from dlio_ckpt_ext.errors import ConfigError
     comm = DLIOMPI.get_instance().comm()
     try:
-        load_config(workload, comm.size)
+        check_sections(workload)
+        cfg = load_config(workload, comm.size)
+        check_memory(cfg, topology(comm).ranks_per_node)
         name = str(OmegaConf.select(workload, "checkpoint.checkpoint_mechanism_classname") or "")
         module, _, cls = name.rpartition(".")
         try:
@@ -131,13 +193,43 @@ def agree_output_folder(workload: DictConfig) -> None:
         shutil.rmtree(mine, ignore_errors=True)
 
 
+def _multirun() -> bool:
+    from hydra.types import RunMode
+    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
+
+
 class CheckpointWorkloadCallback(Callback):
     def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
         from dlio_ckpt_ext.dlio import storage
         workload = config.workload
         context.set_workload(workload)
+        redact_hydra_records()
         reset_singletons()
-        check_workload(workload)
-        agree_output_folder(workload)
+        try:
+            check_workload(workload)
+            agree_output_folder(workload)
+        except _Refused as exc:
+            if not _multirun():
+                raise SystemExit(2) from None
+            _fail_this_job(str(exc))
+            return
         storage.install()
         choose_workflow(workload)
+
+    def on_job_end(self, config: DictConfig, job_return: Any, **kwargs: Any) -> None:
+        """A failed sweep job says so, and leaves the reason in its directory for
+        dlio-ckpt-report sweep; hydra goes on with the next job."""
+        from hydra.core.utils import JobStatus
+        if not _multirun() or job_return.status != JobStatus.FAILED:
+            return
+        from dlio_benchmark.utils.utility import DLIOMPI
+
+        from dlio_ckpt_ext.report.sweep import FAILED_FILE
+        reason = redact_text(str(job_return._return_value))
+        if DLIOMPI.get_instance().comm().rank == 0:
+            job_dir = HydraConfig.get().runtime.output_dir
+            with open(os.path.join(job_dir, FAILED_FILE), "w") as fh:
+                fh.write(reason + "\n")
+            sys.stderr.write(f"[ERROR] sweep job {HydraConfig.get().job.num} "
+                             f"({' '.join(redact_text(o) for o in HydraConfig.get().overrides.task)}) failed: "
+                             f"{reason}; going on with the next job\n")

@@ -32,8 +32,9 @@ def topology(comm) -> Topology:
 
 def abort(comm, message: str, exc: BaseException | None = None, code: int = 1) -> None:
     """Print why, then end every rank: a peer waiting at a barrier must not hang."""
+    from dlio_ckpt_ext.redact import redact_text
     detail = "".join(traceback.format_exception(exc)) if exc is not None and not _expected(exc) else ""
-    sys.stderr.write(f"[ERROR] rank {comm.rank}: {message}\n{detail}")
+    sys.stderr.write(redact_text(f"[ERROR] rank {comm.rank}: {message}\n{detail}"))
     sys.stderr.flush()
     comm.Abort(code)
 

@@ -24,6 +24,7 @@ from dlio_ckpt_ext.dlio import metrics, records, trace
 from dlio_ckpt_ext.dlio.mpi import Topology, abort, topology, user_terminal
 from dlio_ckpt_ext.engine.profile import FileStats, phase_report, phase_totals
 from dlio_ckpt_ext.errors import ConfigError
+from dlio_ckpt_ext.memory import check_memory
 
 PHASES = ("save", "load")
 
@@ -45,7 +46,7 @@ class CheckpointSession:
             # Every rank validates the same config, so every rank stops here
             # together: a clean exit, no abort needed.
             if self.rank == 0:
-                sys.stderr.write(f"[ERROR] {exc}\n")
+                sys.stderr.write(f"[ERROR] {exc}\n")  # ConfigError redacts credentials itself
             raise SystemExit(2) from None
         self.rank_sync = self.config.checkpoint.rank_sync if dlio_rank_sync is None else dlio_rank_sync
         # DLIO's per-rank run directories can differ (hydra's ${now}): ours is rank 0's
@@ -60,6 +61,7 @@ class CheckpointSession:
         self.end_time = self.start_time
         with self.abort_on_error("preparing the checkpoint storage"):
             self.topology: Topology = topology(comm)
+            self.rank_buffer_bytes = check_memory(self.config, self.topology.ranks_per_node)
             self.checkpointer = Checkpointer(self.config, self.rank, self.size, self.topology.ranks_per_node)
             self.checkpointer.prepare()
         self._probe()
@@ -103,9 +105,16 @@ class CheckpointSession:
             out.append("[WARNING] checkpoint.rank_sync is False: DLIO times each checkpoint on rank 0 alone; "
                        "the global windows (first rank's start to last rank's close) are in "
                        f"{records.RECORD_FILE}")
+        if c.num_checkpoints_write and backend.writes_may_be_cached:
+            out.append("[WARNING] save figures may measure the page cache, not the storage "
+                       f"(write method: {backend.write_cache_method})")
         if c.num_checkpoints_read and backend.reads_may_be_cached:
             out.append("[WARNING] reads may be served from the page cache "
                        f"(read cache method: {backend.read_cache_method})")
+        if c.recovery_rank_shift and self.checkpointer.source_rank() == self.rank:
+            out.append("[WARNING] checkpoint.recovery_rank_shift=True shifts nothing here: all "
+                       f"{self.size} ranks are on one node (the shift is by ranks per node), so every rank "
+                       "reads its own files")
         return out
 
     # -- the checkpoints -------------------------------------------------------
@@ -207,8 +216,9 @@ class CheckpointSession:
                 if self.windows[phase]:
                     lines += [line.replace("[METRIC]", "[INFO] global window:")
                               for line in metrics.metric_lines(phase, self.windows[phase])]
-        for phase in PHASES:
-            lines += metrics.results_block(phase, reports[phase])
+        backend = self.checkpointer.backend
+        for phase, method in (("save", backend.write_cache_method), ("load", backend.read_cache_method)):
+            lines += metrics.results_block(phase, reports[phase], method)
         lines += self.warnings()
         print("\n".join(lines), flush=True)
         records.write_run_record(self, reports)

@@ -37,13 +37,16 @@ def _compare(args) -> int:
 def _sweep(args) -> int:
     from dlio_ckpt_ext.report.plots import sweep_chart
     from dlio_ckpt_ext.report.sweep import sweep_table, write_tables
-    swept, rows = sweep_table(args.sweep)
+    swept, rows, failed = sweep_table(args.sweep)
     out_dir = Path(args.out_dir or args.sweep)
     csv_path, md_path = write_tables(swept, rows, out_dir)
     png = sweep_chart(swept, rows, out_dir / "sweep.png")
     print(md_path.read_text(), end="")
+    for f in failed:
+        settings = ", ".join(f"{k}={v}" for k, v in f["overrides"].items())
+        print(f"failed: job {f['job']} ({settings}): {f['reason']}")
     print(f"tables: {csv_path}, {md_path}\nchart: {png}")
-    return 0
+    return 1 if failed else 0
 
 
 def main(argv: list[str] | None = None) -> int:

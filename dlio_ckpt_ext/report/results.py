@@ -25,13 +25,30 @@ class Result:
 
     @cached_property
     def rank_stats(self) -> list[dict]:
-        return [json.loads(p.read_text()) for p in sorted((self.path / RANK_STATS_DIR).glob("rank_*.json"))]
+        return [read_json(p, ("rank", "phases")) for p in sorted((self.path / RANK_STATS_DIR).glob("rank_*.json"))]
 
     def throughput(self, phase: str) -> tuple[float, float] | None:
         p = self.summary.get(phase) or {}
         if not p.get("checkpoints"):
             return None
         return p["throughput_gib_s_mean"], p["throughput_gib_s_std"]
+
+
+def read_json(path: Path, required: tuple[str, ...] = ()) -> dict:
+    """A results file as a dict, or a ResultsError naming the file and what is wrong."""
+    try:
+        data = json.loads(path.read_text())
+    except OSError as exc:
+        raise ResultsError(f"{path}: cannot read it ({exc.strerror})") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ResultsError(f"{path} is incomplete or damaged (not valid JSON: {exc})") from None
+    if not isinstance(data, dict):
+        raise ResultsError(f"{path} is damaged: it holds {type(data).__name__} {str(data)[:40]!r}, "
+                           "not the expected JSON object")
+    missing = [k for k in required if k not in data]
+    if missing:
+        raise ResultsError(f"{path} is damaged: it lacks {', '.join(missing)}")
+    return data
 
 
 def load_result(path: str | Path) -> Result:
@@ -42,17 +59,20 @@ def load_result(path: str | Path) -> Result:
     if not summary_path.exists():
         raise ResultsError(f"{p} is not a results directory: it has no {RECORD_FILE} (rank 0 writes it "
                            "when a run completes, under either DLIO; a failed or unfinished run leaves none)")
-    try:
-        summary = json.loads(summary_path.read_text())
-    except json.JSONDecodeError as exc:
-        raise ResultsError(f"{summary_path} is incomplete or damaged: {exc}") from None
+    summary = read_json(summary_path, ("status",))
     if summary.get("status") != "success":
         raise ResultsError(f"{p}: the run did not complete (status {summary.get('status')!r})")
-    ranks = summary.get("ranks", 0)
+    for key, kind in (("ranks", int), ("save", dict), ("load", dict)):
+        if not isinstance(summary.get(key), kind):
+            raise ResultsError(f"{summary_path} is damaged: {key!r} is {summary.get(key)!r}, "
+                               f"not {'a number' if kind is int else 'an object'}")
+    ranks = summary["ranks"]
     found = len(list((p / RANK_STATS_DIR).glob("rank_*.json")))
     if found != ranks:
         raise ResultsError(f"{p} is incomplete: {found} of {ranks} per-rank stats files in {RANK_STATS_DIR}/")
-    return Result(p, summary)
+    result = Result(p, summary)
+    _ = result.rank_stats  # a damaged per-rank file is reported now, by name
+    return result
 
 
 def flatten(data: Any, prefix: str = "") -> dict[str, Any]:

@@ -8,6 +8,8 @@ import yaml
 
 from dlio_ckpt_ext.report.results import ResultsError, load_result
 
+#: written by the hydra callback into a sweep job that failed, with the reason
+FAILED_FILE = "job_failed.txt"
 COLUMNS = ("save_gib_s", "save_std", "save_duration_s", "load_gib_s", "load_std", "load_duration_s")
 
 
@@ -17,8 +19,11 @@ def _overrides(job: Path) -> dict[str, str]:
     return dict(item.lstrip("+").split("=", 1) for item in items or [] if "=" in item)
 
 
-def sweep_table(sweep_dir: str | Path) -> tuple[list[str], list[dict]]:
-    """(swept parameter names, rows) for every completed job of the sweep."""
+def sweep_table(sweep_dir: str | Path) -> tuple[list[str], list[dict], list[dict]]:
+    """(swept parameter names, rows of the completed jobs, failed jobs).
+
+    A job that did not complete (invalid settings, a failure, an unfinished
+    run) is listed with the reason instead of a row; the others are tabulated."""
     root = Path(sweep_dir)
     if not root.is_dir():
         raise ResultsError(f"{root}: no such directory")
@@ -26,9 +31,13 @@ def sweep_table(sweep_dir: str | Path) -> tuple[list[str], list[dict]]:
     if not jobs:
         raise ResultsError(f"{root} is not a sweep directory: no numbered job directories "
                            "(run dlio_benchmark -m ... and give its hydra.sweep.dir)")
-    rows, overrides = [], []
+    rows, overrides, failed = [], [], []
     for job in jobs:
-        result = load_result(job)  # an incomplete job is an error, not a silent gap
+        try:
+            result = load_result(job)
+        except ResultsError as exc:
+            failed.append({"job": int(job.name), "overrides": _overrides(job), "reason": _failure(job, exc)})
+            continue
         s = result.summary
         row = {"job": int(job.name)}
         for phase in ("save", "load"):
@@ -38,11 +47,22 @@ def sweep_table(sweep_dir: str | Path) -> tuple[list[str], list[dict]]:
             row[f"{phase}_duration_s"] = p.get("duration_s_mean")
         overrides.append(_overrides(job))
         rows.append(row)
+    if not rows:
+        raise ResultsError(f"{root}: no job of the sweep completed: "
+                           + "; ".join(f"job {f['job']}: {f['reason']}" for f in failed))
     keys = sorted({k for o in overrides for k in o})
     swept = [k for k in keys if len({o.get(k) for o in overrides}) > 1]
     for row, o in zip(rows, overrides):
         row.update({k: o.get(k) for k in swept})
-    return swept, rows
+    return swept, rows, failed
+
+
+def _failure(job: Path, exc: ResultsError) -> str:
+    """Why a job has no result: the error our callback recorded, else what is missing."""
+    marker = job / FAILED_FILE
+    if marker.exists():
+        return marker.read_text().strip()
+    return str(exc)
 
 
 def write_tables(swept: list[str], rows: list[dict], out_dir: Path) -> tuple[Path, Path]:

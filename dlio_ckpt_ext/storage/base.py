@@ -57,6 +57,10 @@ class Backend(ABC):
     read_cache_method: str = "none"
     #: True when reads right after writes may be served from a client cache
     reads_may_be_cached: bool = False
+    #: how a write counts only once it reached the storage, recorded with the results
+    write_cache_method: str = "none needed"
+    #: True when a save may end before its bytes left a client cache
+    writes_may_be_cached: bool = False
 
     @abstractmethod
     def uri(self, path: str) -> str:
@@ -96,4 +100,6 @@ class Backend(ABC):
     def describe(self) -> dict:
         """Settings worth recording with a result (never credentials)."""
         return {"read_cache_method": self.read_cache_method,
-                "reads_may_be_cached": self.reads_may_be_cached}
+                "reads_may_be_cached": self.reads_may_be_cached,
+                "write_cache_method": self.write_cache_method,
+                "writes_may_be_cached": self.writes_may_be_cached}

@@ -184,6 +184,9 @@ class ObjectBackend(Backend):
         self.reads_may_be_cached = local
         self.read_cache_method = ("none: file:// and direct:// reads may come from the page cache" if local
                                   else "none needed: every read is a request to the object server")
+        self.write_cache_method = ("none: file:// and direct:// writes are not synced" if local
+                                   else "none needed: a save ends when its uploads completed")
+        self.writes_may_be_cached = local
 
     def uri(self, path: str) -> str:
         return f"{self.root}/{path}" if path else self.root

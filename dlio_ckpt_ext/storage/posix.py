@@ -132,6 +132,12 @@ class PosixBackend(Backend):
             "buffered": "posix_fadvise(DONTNEED) after write and before read" if opts.fadvise else "none",
         }[opts.read_mode]
         self.reads_may_be_cached = opts.read_mode == "buffered" and not opts.fadvise
+        self.write_cache_method = {
+            ("direct", True): "O_DIRECT writes, fsync before close", ("direct", False): "O_DIRECT writes",
+            ("buffered", True): "buffered writes, fsync before close",
+            ("buffered", False): "none: buffered writes without fsync",
+        }[(opts.write_mode, fsync)]
+        self.writes_may_be_cached = opts.write_mode == "buffered" and not fsync
 
     def _path(self, path: str) -> str:
         return os.path.join(self.root, path)

@@ -1,0 +1,54 @@
+"""The memory a rank's settings commit it to, checked before anything is allocated.
+
+The streaming engine holds a bounded amount whatever the checkpoint size:
+the buffer pool, one scratch buffer for verification, and for S3 the parts
+s3dlio holds per upload. A setting such as pool_depth=100000 would otherwise
+allocate until the kernel refuses, with a message that names no setting.
+"""
+from __future__ import annotations
+
+from dlio_ckpt_ext.config import RunConfig, parse_size
+from dlio_ckpt_ext.errors import ConfigError
+
+#: leave this share of the available memory to the OS, DLIO and Python
+HEADROOM = 0.9
+GiB = float(1 << 30)
+
+
+def rank_buffers(cfg: RunConfig) -> list[tuple[str, object, int]]:
+    """(key, value, bytes) of everything a rank allocates for streaming."""
+    st = cfg.streaming
+    out = [("workload.streaming.pool_depth", st.pool_depth, st.pool_depth * cfg.chunk_size)]
+    if st.verify:
+        out.append(("workload.streaming.verify", st.verify, cfg.chunk_size))
+    if cfg.storage.storage_type == "s3":
+        from dlio_ckpt_ext.config import structured
+        from dlio_ckpt_ext.storage.objstore import ObjectOptions
+        prefix = "workload.storage.storage_options."
+        opts = structured(ObjectOptions, dict(cfg.storage.storage_options), prefix)
+        part = parse_size(prefix + "part_size", opts.part_size)
+        in_flight = opts.max_in_flight
+        # s3dlio holds up to max_in_flight parts plus the two being filled and sent
+        out.append(("workload.storage.storage_options.max_in_flight", in_flight, part * (in_flight + 2)))
+    return out
+
+
+def available_bytes() -> int:
+    """MemAvailable: what the node can give without swapping or evicting much."""
+    import psutil
+    return int(psutil.virtual_memory().available)
+
+
+def check_memory(cfg: RunConfig, ranks_per_node: int, available: int | None = None) -> int:
+    """Refuse settings whose buffers, times the ranks on this node, do not fit
+    the node's available memory; returns the bytes one rank needs."""
+    available = available_bytes() if available is None else available
+    parts = rank_buffers(cfg)
+    per_rank = sum(n for _, _, n in parts)
+    if per_rank * ranks_per_node > HEADROOM * available:
+        key, value, _ = max(parts, key=lambda p: p[2])
+        detail = " + ".join(f"{k.rsplit('.', 1)[-1]} {n / GiB:.2f} GiB" for k, _, n in parts)
+        raise ConfigError(key, value, f"settings whose buffers fit this node: {detail} = {per_rank / GiB:.2f} GiB "
+                          f"per rank x {ranks_per_node} rank(s) on this node = {per_rank * ranks_per_node / GiB:.2f} "
+                          f"GiB, more than {HEADROOM:.0%} of the {available / GiB:.2f} GiB available")
+    return per_rank
