@@ -43,7 +43,7 @@ def _sweep(args) -> int:
     png = sweep_chart(swept, rows, out_dir / "sweep.png")
     print(md_path.read_text(), end="")
     for f in failed:
-        settings = ", ".join(f"{k}={v}" for k, v in f["overrides"].items())
+        settings = ", ".join(f"{k}={f['overrides'].get(k)}" for k in swept)
         print(f"failed: job {f['job']} ({settings}): {f['reason']}")
     print(f"tables: {csv_path}, {md_path}\nchart: {png}")
     return 1 if failed else 0

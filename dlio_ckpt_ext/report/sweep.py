@@ -50,8 +50,9 @@ def sweep_table(sweep_dir: str | Path) -> tuple[list[str], list[dict], list[dict
     if not rows:
         raise ResultsError(f"{root}: no job of the sweep completed: "
                            + "; ".join(f"job {f['job']}: {f['reason']}" for f in failed))
-    keys = sorted({k for o in overrides for k in o})
-    swept = [k for k in keys if len({o.get(k) for o in overrides}) > 1]
+    every_job = overrides + [f["overrides"] for f in failed]  # what varies across the sweep as launched
+    keys = sorted({k for o in every_job for k in o})
+    swept = [k for k in keys if len({o.get(k) for o in every_job}) > 1]
     for row, o in zip(rows, overrides):
         row.update({k: o.get(k) for k in swept})
     return swept, rows, failed

@@ -1,0 +1,94 @@
+"""Hostile or careless input, through dlio_benchmark and the CLIs as a user hits it."""
+import json
+import os
+import subprocess
+
+import pytest
+
+from conftest import tool
+from dlio_ckpt_ext.report.cli import main as report_main
+from dlio_run import run_dlio
+
+TWO_ONE = ["++workload.checkpoint.num_checkpoints_write=2", "++workload.checkpoint.num_checkpoints_read=1"]
+
+
+@pytest.mark.parametrize("override, message", [
+    ("++workload.stroage.storage_root=/tmp/elsewhere", "invalid config: workload.stroage={'storage_root': "
+                                                       "'/tmp/elsewhere'}; allowed: a section DLIO or "
+                                                       "dlio-ckpt-ext defines: checkpoint, "),
+    ("++workload.checkpoints.num_checkpoints_write=1", "invalid config: workload.checkpoints="),
+])
+def test_a_misspelt_section_stops_the_run(workdir, override, message):
+    run = run_dlio(workdir, 2, "llama3_tiny_checkpoint", override)
+    assert run.returncode == 2
+    assert message in run.stderr and "streaming" in run.stderr
+    assert not list((workdir / "ckpt").rglob("*.pt")) if (workdir / "ckpt").exists() else True
+
+
+def test_buffers_that_do_not_fit_the_node_are_refused_before_allocating(workdir):
+    run = run_dlio(workdir, 2, "llama3_tiny_checkpoint", "++workload.streaming.pool_depth=100000", timeout=120)
+    assert run.returncode == 2
+    assert "invalid config: workload.streaming.pool_depth=100000; allowed: settings whose buffers fit this " \
+           "node: pool_depth 3125.00 GiB = 3125.00 GiB per rank x 2 rank(s) on this node = 6250.00 GiB, more " \
+           "than 90% of the " in run.stderr
+    assert "GiB available" in run.stderr
+
+
+def test_buffered_writes_without_fsync_and_a_shift_that_shifts_nothing_are_said(workdir):
+    run = run_dlio(workdir, 2, "llama3_tiny_checkpoint", *TWO_ONE, "++workload.checkpoint.fsync=False",
+                   "++workload.storage.storage_options.write_mode=buffered",
+                   "++workload.checkpoint.recovery_rank_shift=True")
+    assert run.returncode == 0, run.output[-3000:]
+    assert "[WARNING] save figures may measure the page cache, not the storage (write method: none: " \
+           "buffered writes without fsync)" in run.stdout
+    assert "  page cache                   none: buffered writes without fsync" in run.stdout  # in RESULTS (save)
+    assert "[WARNING] checkpoint.recovery_rank_shift=True shifts nothing here: all 2 ranks are on one node" \
+        in run.stdout
+    assert len(run.record()["warnings"]) == 2
+
+
+def test_a_sweep_goes_on_past_a_refused_job_and_the_table_lists_it(workdir):
+    sweep = workdir / "sweep"
+    res = subprocess.run([tool("mpirun"), "--allow-run-as-root", "--oversubscribe", "-np", "2",
+                          tool("dlio_benchmark"), "-m", "workload=llama3_tiny_checkpoint", *TWO_ONE,
+                          f"++workload.checkpoint.checkpoint_folder={workdir / 'ckpt'}",
+                          "++workload.streaming.pool_depth=1,3", f"hydra.sweep.dir={sweep}"],
+                         cwd=workdir, capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    assert res.returncode != 0  # hydra reports the failed job at the end
+    assert "[ERROR] sweep job 0 (" in res.stderr and "pool_depth=1" in res.stderr
+    assert "going on with the next job" in res.stderr
+    assert (sweep / "1" / "ckpt_ext_summary.json").exists()  # the job after the refused one ran
+    table = subprocess.run([tool("dlio-ckpt-report"), "sweep", str(sweep)], capture_output=True, text=True)
+    assert table.returncode == 1
+    assert "| 1 | 3 |" in table.stdout
+    assert "failed: job 0 (workload.streaming.pool_depth=1): invalid config: workload.streaming.pool_depth=1; " \
+           "allowed: at least 2" in table.stdout
+
+
+@pytest.fixture(scope="module")
+def one_run(tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("one")
+    run = run_dlio(workdir, 2, "llama3_tiny_checkpoint", *TWO_ONE)
+    assert run.returncode == 0, run.output[-3000:]
+    return run
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda d: (d / "rank_stats" / "rank_00001.json").write_text('{"rank": 1, "pha'),
+     "rank_stats/rank_00001.json is incomplete or damaged (not valid JSON"),
+    (lambda d: (d / "ckpt_ext_summary.json").write_text("null"),
+     "ckpt_ext_summary.json is damaged: it holds NoneType 'None', not the expected JSON object"),
+    (lambda d: (d / "ckpt_ext_summary.json").write_text('{"status": "success", "ranks": 2, "save": null}'),
+     "ckpt_ext_summary.json is damaged: 'save' is None, not an object"),
+    (lambda d: (d / "rank_stats" / "rank_00000.json").write_text("[]"),
+     "rank_stats/rank_00000.json is damaged: it holds list"),
+])
+def test_report_tools_name_the_damaged_file(one_run, tmp_path, capsys, damage, message):
+    copy = tmp_path / "copy"
+    subprocess.run(["cp", "-r", str(one_run.out), str(copy)], check=True)
+    damage(copy)
+    for argv in (["run", str(copy)], ["compare", str(copy), str(one_run.out)]):
+        assert report_main(argv) == 2
+        err = capsys.readouterr().err
+        assert message in err and "Traceback" not in err
