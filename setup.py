@@ -15,5 +15,6 @@ setup(
         "dlio-ckpt-report=dlio_ckpt_ext.report.cli:main",
         "dlio-ckpt-submit=dlio_ckpt_ext.submit:main",
     ]},
-    install_requires=["hydra-core>=1.3", "omegaconf>=2.3", "numpy", "dgen-py>=0.3", "s3dlio>=0.10", "mpi4py"],
+    install_requires=["hydra-core>=1.3", "omegaconf>=2.3", "numpy", "dgen-py>=0.3", "s3dlio>=0.10", "mpi4py", "boto3",
+                      "tqdm", "matplotlib"],
 )

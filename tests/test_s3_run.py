@@ -1,11 +1,12 @@
 """End to end on object storage: mpirun + dlio_benchmark against a real SeaweedFS."""
 import os
+import signal
 import subprocess
 import time
 
 import pytest
 
-from conftest import BUCKET
+from conftest import BUCKET, tool
 from dlio_run import dlio_command, run_dlio
 from s3_server import SECRET_KEY, free_port, start_s3_server
 from test_dlio_run import TINY, zero3_file_sizes
@@ -78,3 +79,51 @@ def test_server_killed_mid_run_gives_an_error_not_a_hang(tmp_path):
     assert proc.returncode != 0
     assert "[ERROR] rank" in out and "s3://ckpt/k/c/global_epoch1_step" in out
     assert "[METRIC]" not in out
+
+
+def test_ctrl_c_during_uploads_leaves_no_open_multipart_upload(s3, tmp_path):
+    cmd = dlio_command(tmp_path, 2, "llama3_tiny_checkpoint", "++workload.storage.storage_type=s3",
+                       f"++workload.storage.storage_root=s3://{BUCKET}/sigint",
+                       "++workload.checkpoint.num_checkpoints_write=50", "++workload.checkpoint.num_checkpoints_read=0",
+                       checkpoint_folder="c")
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, **s3.env()}, start_new_session=True)
+    try:
+        for line in proc.stdout:  # uploads of checkpoint 3 are under way
+            if "checkpoint save 2/" in line or "Finished saving checkpoint 2 " in line:
+                break
+        os.kill(proc.pid, signal.SIGINT)  # what Ctrl-C sends mpirun
+        proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode != 0
+    assert s3.client().list_multipart_uploads(Bucket=BUCKET, Prefix="sigint/").get("Uploads", []) == []
+
+
+def test_uploads_tool_lists_and_aborts_what_a_killed_run_left(s3, tmp_path):
+    client = s3.client()
+    started = client.create_multipart_upload(Bucket=BUCKET, Key="left/c/step1/rank0.pt")
+    client.upload_part(Bucket=BUCKET, Key="left/c/step1/rank0.pt", UploadId=started["UploadId"], PartNumber=1,
+                       Body=b"x" * (5 << 20))
+    env = {**os.environ, **s3.env()}
+    listed = subprocess.run([tool("dlio-ckpt-report"), "uploads", f"s3://{BUCKET}/left"], env=env,
+                            capture_output=True, text=True)
+    assert listed.returncode == 0, listed.stderr
+    assert f"open upload: s3://{BUCKET}/left/c/step1/rank0.pt (id {started['UploadId']}" in listed.stdout
+    aborted = subprocess.run([tool("dlio-ckpt-report"), "uploads", f"s3://{BUCKET}/left", "--abort"], env=env,
+                             capture_output=True, text=True)
+    assert "aborted 1 open multipart upload(s)" in aborted.stdout
+    assert client.list_multipart_uploads(Bucket=BUCKET, Prefix="left/").get("Uploads", []) == []
+
+
+def test_keep_files_false_on_s3_deletes_only_the_objects_the_run_wrote(s3, workdir):
+    client = s3.client()
+    foreign = ["mine/notes.txt", "mine/global_epoch1_step1/other.pt",
+               "mine/global_epoch1_step1/zero_pp_rank_0_mp_rank_00_model_states.pt.keep"]
+    for key in foreign:
+        client.put_object(Bucket=BUCKET, Key=key, Body=b"not the benchmark's")
+    run = run_dlio(workdir, 2, "llama3_tiny_checkpoint", *S3, f"++workload.storage.storage_root=s3://{BUCKET}",
+                   "++workload.checkpoint.keep_files=False", env=s3.env(), checkpoint_folder="mine")
+    assert run.returncode == 0, run.output[-3000:]
+    left = sorted(o["Key"] for o in client.list_objects_v2(Bucket=BUCKET, Prefix="mine/").get("Contents", []))
+    assert left == sorted(foreign)

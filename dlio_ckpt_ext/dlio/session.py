@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import sys
+import threading
 import time
 from typing import Callable, Optional
 
@@ -27,6 +29,27 @@ from dlio_ckpt_ext.errors import ConfigError
 from dlio_ckpt_ext.memory import check_memory
 
 PHASES = ("save", "load")
+
+
+class Interrupted(BaseException):
+    """SIGINT or SIGTERM (mpirun forwards Ctrl-C to every rank as SIGTERM)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _interrupt(signum: int, frame) -> None:
+    raise Interrupted(signum)
+
+
+def catch_interrupts() -> None:
+    """Turn SIGINT and SIGTERM into an exception in the main thread, so the
+    engine's cleanup (Writer.abort: no partial file, no open multipart upload)
+    runs before the rank exits; the default SIGTERM action would skip it."""
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, _interrupt)
 
 
 class CheckpointSession:
@@ -59,6 +82,7 @@ class CheckpointSession:
         self.inventory: Optional[dict] = None
         self.start_time = time.time()
         self.end_time = self.start_time
+        catch_interrupts()
         with self.abort_on_error("preparing the checkpoint storage"):
             self.topology: Topology = topology(comm)
             self.rank_buffer_bytes = check_memory(self.config, self.topology.ranks_per_node)
@@ -77,6 +101,13 @@ class CheckpointSession:
     def abort_on_error(self, what: str):
         try:
             yield
+        except Interrupted as exc:
+            # mpirun is ending every rank already: this one has aborted its open
+            # upload or removed its partial file on the way here, and just goes.
+            sys.stderr.write(f"[ERROR] rank {self.rank}: {what} interrupted by {exc}; its partial file or "
+                             "open upload was removed\n")
+            sys.stderr.flush()
+            raise SystemExit(128 + exc.signum) from None
         except SystemExit:
             raise
         except BaseException as exc:  # noqa: BLE001 - any failure must end every rank

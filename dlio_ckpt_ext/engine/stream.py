@@ -117,8 +117,9 @@ def save_file(backend: Backend, path: str, size: int, content: ContentSpec, pool
     error propagates.
     """
     stats = FileStats(name=path, nbytes=size, start=time.time())
-    writer = backend.open_writer(path, size)
+    writer: Optional[Writer] = None
     try:
+        writer = backend.open_writer(path, size)
         gen = generator(content, size, threads=gen_threads, chunk_size=pool.buffer_size) if size else None
 
         def fill(buf: memoryview, offset: int, n: int) -> None:
@@ -136,7 +137,8 @@ def save_file(backend: Backend, path: str, size: int, content: ContentSpec, pool
         writer.close()
         stats.close_s = time.perf_counter() - t0
     except BaseException:
-        writer.abort()
+        if writer is not None:
+            writer.abort()
         raise
     stats.end = time.time()
     # Lent-memory uploads run behind commit() and are waited for in close().

@@ -3,6 +3,7 @@
   dlio-ckpt-report run RESULTS_DIR [--out report.png]
   dlio-ckpt-report compare RESULTS_A RESULTS_B
   dlio-ckpt-report sweep SWEEP_DIR [--out-dir DIR]
+  dlio-ckpt-report uploads s3://BUCKET/PREFIX [--abort]
 """
 from __future__ import annotations
 
@@ -49,6 +50,21 @@ def _sweep(args) -> int:
     return 1 if failed else 0
 
 
+def _uploads(args) -> int:
+    from dlio_ckpt_ext.report.uploads import abort_uploads, open_uploads
+    found = open_uploads(args.uri)
+    for u in found:
+        print(f"open upload: s3://{args.uri[5:].partition('/')[0]}/{u['key']} (id {u['upload_id']}, "
+              f"started {u['initiated']})")
+    if args.abort and found:
+        print(f"aborted {abort_uploads(args.uri, found)} open multipart upload(s) under {args.uri}")
+    elif not found:
+        print(f"no open multipart upload under {args.uri}")
+    else:
+        print(f"{len(found)} open multipart upload(s) under {args.uri}; --abort removes them")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="dlio-ckpt-report", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -65,6 +81,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("sweep", help="the sweep directory (hydra.sweep.dir: numbered job directories)")
     p.add_argument("--out-dir", help="where to write sweep.csv, sweep.md, sweep.png (default SWEEP)")
     p.set_defaults(func=_sweep)
+    p = sub.add_parser("uploads", help="list (and --abort) multipart uploads left open under an S3 prefix")
+    p.add_argument("uri", help="s3://bucket/prefix (endpoint and credentials from the AWS_* environment)")
+    p.add_argument("--abort", action="store_true", help="abort every one found")
+    p.set_defaults(func=_uploads)
     args = ap.parse_args(argv)
     try:
         return args.func(args)

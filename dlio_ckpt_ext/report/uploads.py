@@ -1,0 +1,50 @@
+"""Find, and optionally abort, multipart uploads left open under an S3 prefix.
+
+A run aborts its own open uploads on any failure and on SIGINT/SIGTERM;
+what cannot be cleaned from inside the run is an upload open when a rank is
+killed with SIGKILL (or by the OOM killer), or when the server itself went
+away mid-upload (the abort request fails too). Those parts stay on the
+server, invisible to listings and billed by real stores, until aborted here.
+s3dlio has no call for listing multipart uploads, so this uses boto3 with
+the same AWS_* environment (AWS_ENDPOINT_URL, credentials, AWS_REGION).
+"""
+from __future__ import annotations
+
+import os
+
+from dlio_ckpt_ext.report.results import ResultsError
+
+
+def _client():
+    import boto3
+    from botocore.config import Config
+    return boto3.client("s3", endpoint_url=os.environ.get("AWS_ENDPOINT_URL") or None,
+                        region_name=os.environ.get("AWS_REGION") or "us-east-1",
+                        config=Config(s3={"addressing_style": "path"}, retries={"max_attempts": 3}))
+
+
+def open_uploads(uri: str) -> list[dict]:
+    """[{key, upload_id, initiated}] of the multipart uploads open under s3://bucket/prefix."""
+    if not uri.startswith("s3://"):
+        raise ResultsError(f"{uri}: give an s3://bucket/prefix URI")
+    bucket, _, prefix = uri[len("s3://"):].partition("/")
+    client = _client()
+    out, kwargs = [], {"Bucket": bucket, "Prefix": prefix}
+    try:
+        while True:
+            page = client.list_multipart_uploads(**kwargs)
+            out += [{"key": u["Key"], "upload_id": u["UploadId"], "initiated": str(u.get("Initiated"))}
+                    for u in page.get("Uploads", [])]
+            if not page.get("IsTruncated"):
+                return out
+            kwargs.update(KeyMarker=page["NextKeyMarker"], UploadIdMarker=page["NextUploadIdMarker"])
+    except Exception as exc:  # noqa: BLE001 - botocore's errors say what went wrong
+        raise ResultsError(f"cannot list the multipart uploads of {uri}: {exc}") from None
+
+
+def abort_uploads(uri: str, uploads: list[dict]) -> int:
+    bucket = uri[len("s3://"):].partition("/")[0]
+    client = _client()
+    for u in uploads:
+        client.abort_multipart_upload(Bucket=bucket, Key=u["key"], UploadId=u["upload_id"])
+    return len(uploads)
