@@ -163,3 +163,12 @@ def test_submission_run_writes_then_reads_back_within_30_seconds(tmp_path):
     read = json.loads((tmp_path / "sub" / "read" / RECORD_FILE).read_text())
     assert read["load"]["checkpoints"] == 2 and read["save"]["checkpoints"] == 0
     assert read["inventory"]["ok"]
+
+
+def test_submit_dry_run_refuses_a_shrunk_model_as_closed(tmp_path):
+    res = subprocess.run([tool("dlio-ckpt-submit"), "--workload", "llama3_8b_checkpoint", "--hosts", "n1,n2",
+                          "--ranks-per-host", "4", "--dry-run", "--", "++workload.model.num_layers=2"],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2
+    assert "[submit] CLOSED rule: model.num_layers is 2; CLOSED requires the preset's 32" in res.stdout
+    assert "not a valid CLOSED run" in res.stderr
