@@ -23,7 +23,22 @@ class Checkpointer:
                                              dict(sto.storage_options), cfg.checkpoint.fsync,
                                              ranks_per_node)
         self.gen_threads = gen_thread_budget(ranks_per_node, cfg.streaming.gen_threads)
-        self.pool = BufferPool(cfg.streaming.pool_depth, cfg.chunk_size)
+        self.pool: BufferPool | None = None
+        self.read_pool: BufferPool | None = None
+
+    def write_buffers(self) -> BufferPool:
+        """The write pool (pool_depth x chunk_size), allocated before the first save;
+        empty where the storage lends the memory the generator fills (S3 parts)."""
+        if self.pool is None:
+            depth = 0 if self.backend.lends_write_memory else self.cfg.streaming.pool_depth
+            self.pool = BufferPool(depth, self.cfg.chunk_size)
+        return self.pool
+
+    def read_buffers(self) -> BufferPool:
+        """The read pool: a buffer per request in flight, one being verified and a spare."""
+        if self.read_pool is None:
+            self.read_pool = BufferPool(self.cfg.read_parallelism + 2, self.cfg.read_size)
+        return self.read_pool
 
     # -- plan -------------------------------------------------------------
     def files(self, rank: int) -> tuple[plan.ShardFile, ...]:
@@ -46,6 +61,18 @@ class Checkpointer:
                 for s in steps for r in range(self.comm_size) for f in self.files(r)}
 
     # -- I/O --------------------------------------------------------------
+    def concurrency(self) -> dict:
+        """Requests in flight per rank and their sizes, by phase: what tells a
+        latency-bound run from a bandwidth-bound one."""
+        c = self.cfg.checkpoint
+        out = {}
+        if c.num_checkpoints_write:
+            out["save"] = self.backend.write_concurrency(self.cfg.chunk_size)
+        if c.num_checkpoints_read:
+            out["load"] = {"requests_in_flight": self.cfg.read_parallelism, "request_bytes": self.cfg.read_size,
+                           "note": "per file, at most one request per read_size piece of it"}
+        return out
+
     def rank_bytes(self, rank: int) -> int:
         return plan.rank_plan(self.cfg.shape, self.cfg.parallelism, self.comm_size, rank).total_bytes
 
@@ -55,6 +82,13 @@ class Checkpointer:
 
     def prepare(self) -> None:
         self.backend.prepare("")
+        # allocated and touched now, outside every timed window
+        if self.cfg.checkpoint.num_checkpoints_write:
+            self.write_buffers()
+        if self.cfg.checkpoint.num_checkpoints_read:
+            pool = self.read_buffers()
+            if self.cfg.streaming.verify:
+                pool.scratch()
 
     def save(self, step: int, epoch: int = 1, progress: Progress = None) -> list[FileStats]:
         directory = plan.checkpoint_dir(step, epoch)
@@ -62,16 +96,18 @@ class Checkpointer:
         if files:
             self.backend.prepare(directory)
         return [save_file(self.backend, f"{directory}/{f.name}", f.size,
-                          self.content(directory, self.rank, f.name), self.pool, self.gen_threads, progress)
+                          self.content(directory, self.rank, f.name), self.write_buffers(), self.gen_threads,
+                          progress)
                 for f in files]
 
     def load(self, step: int, epoch: int = 1, progress: Progress = None) -> list[FileStats]:
         directory = plan.checkpoint_dir(step, epoch)
         src = self.source_rank()
         st = self.cfg.streaming
-        return [load_file(self.backend, f"{directory}/{f.name}", f.size, self.pool,
+        pool = self.read_buffers()
+        return [load_file(self.backend, f"{directory}/{f.name}", f.size, pool,
                           self.content(directory, src, f.name) if st.verify else None,
-                          st.read_parallelism, self.gen_threads, progress)
+                          self.cfg.read_parallelism, self.gen_threads, progress)
                 for f in self.files(src)]
 
     def inventory(self, steps: list[int], epoch: int = 1) -> dict:
@@ -106,7 +142,10 @@ class Checkpointer:
         return removed
 
     def close(self) -> None:
-        self.pool.close()
+        for pool in (self.pool, self.read_pool):
+            if pool is not None:
+                pool.close()
+        self.pool = self.read_pool = None
 
 
 def inventory_error(result: dict) -> StorageError:

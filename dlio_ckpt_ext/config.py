@@ -75,7 +75,12 @@ class StreamingConfig:
     chunk_size: str = "32MiB"   # bytes per buffer; a multiple of 1 MiB (int or e.g. "32MiB")
     pool_depth: int = 4         # buffers per rank
     gen_threads: int = 0        # dgen-py threads per rank; 0 = usable CPUs / ranks on this node
-    read_parallelism: int = 1   # concurrent range readers per file
+    # Reads keep read_parallelism requests of read_size in flight per rank (a
+    # read pool of their own): a remote store serves each connection at a
+    # capped rate after a round trip, so one request at a time leaves it idle.
+    # Defaults chosen by measurement (bench/remote_bench.py, README).
+    read_size: str = "8MiB"     # bytes per read request; a multiple of 1 MiB
+    read_parallelism: int = 16  # read requests in flight per rank (contiguous ranges of each file)
     verify: bool = False        # compare every byte read with the regenerated content
     seed: int = 0               # run seed; file seeds are hashed from it
     dedup_ratio: int = 1
@@ -104,6 +109,15 @@ class RunConfig:
     shape: plan.ModelShape
     parallelism: plan.Parallelism
     chunk_size: int
+    read_size: int = 8 * MiB
+
+    @property
+    def read_parallelism(self) -> int:
+        """Requests in flight per rank on reads: one when verified content cannot
+        be regenerated from an offset (dedup/compress ratios other than 1)."""
+        st = self.streaming
+        seekable = (st.dedup_ratio, st.compress_ratio) == (1, 1)
+        return st.read_parallelism if seekable or not st.verify else 1
 
     @property
     def model(self) -> ModelConfig:
@@ -205,14 +219,11 @@ def load_config(workload: DictConfig | dict, comm_size: int) -> RunConfig:
     if st.pool_depth < 2:
         raise ConfigError("workload.streaming.pool_depth", st.pool_depth,
                           "at least 2 (one buffer filling while one is in I/O)")
-    if st.read_parallelism >= st.pool_depth:
-        raise ConfigError("workload.streaming.read_parallelism", st.read_parallelism,
-                          f"less than pool_depth ({st.pool_depth}): each reader holds a buffer")
+    read_size = parse_size("workload.streaming.read_size", st.read_size)
+    if read_size <= 0 or read_size % MiB:
+        raise ConfigError("workload.streaming.read_size", st.read_size, "a positive multiple of 1 MiB (1048576)")
     if st.gen_threads < 0:
         raise ConfigError("workload.streaming.gen_threads", st.gen_threads, "0 (automatic) or more")
-    if st.verify and st.read_parallelism > 1 and (st.dedup_ratio, st.compress_ratio) != (1, 1):
-        raise ConfigError("workload.streaming.read_parallelism", st.read_parallelism,
-                          "1 when verify is on with dedup_ratio or compress_ratio other than 1")
 
     shape = plan.ModelShape(m.num_layers, m.transformer.hidden_size, m.transformer.ffn_hidden_size,
                             m.transformer.vocab_size, m.transformer.num_attention_heads,
@@ -224,4 +235,4 @@ def load_config(workload: DictConfig | dict, comm_size: int) -> RunConfig:
     except ConfigError as exc:
         key = exc.key if exc.key.startswith(("MPI", "rank")) else f"workload.{exc.key}"
         raise ConfigError(key, exc.value, exc.allowed) from None
-    return RunConfig(s, shape, par, chunk)
+    return RunConfig(s, shape, par, chunk, read_size)

@@ -17,11 +17,20 @@ GiB = float(1 << 30)
 
 def rank_buffers(cfg: RunConfig) -> list[tuple[str, object, int]]:
     """(key, value, bytes) of everything a rank allocates for streaming."""
-    st = cfg.streaming
-    out = [("workload.streaming.pool_depth", st.pool_depth, st.pool_depth * cfg.chunk_size)]
-    if st.verify:
-        out.append(("workload.streaming.verify", st.verify, cfg.chunk_size))
-    if cfg.storage.storage_type == "s3":
+    st, c = cfg.streaming, cfg.checkpoint
+    out = []
+    s3_parts = cfg.storage.storage_type == "s3" and str(cfg.storage.storage_root).startswith("s3://")
+    if c.num_checkpoints_write and not s3_parts:  # S3 parts are filled in s3dlio's memory instead
+        out.append(("workload.streaming.pool_depth", st.pool_depth, st.pool_depth * cfg.chunk_size))
+    if c.num_checkpoints_read:
+        out.append(("workload.streaming.read_parallelism", cfg.read_parallelism,
+                    (cfg.read_parallelism + 2) * cfg.read_size))
+        if st.verify:
+            out.append(("workload.streaming.verify", st.verify, cfg.read_size))
+        if cfg.storage.storage_type == "s3":
+            # each ranged GET's bytes exist once more until copied into the pool
+            out.append(("workload.streaming.read_size", st.read_size, cfg.read_parallelism * cfg.read_size))
+    if s3_parts and c.num_checkpoints_write:
         from dlio_ckpt_ext.config import structured
         from dlio_ckpt_ext.storage.objstore import ObjectOptions
         prefix = "workload.storage.storage_options."

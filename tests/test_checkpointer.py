@@ -71,3 +71,20 @@ def test_object_schemes_without_bounded_memory_streaming_are_refused(root, allow
     with pytest.raises(ConfigError) as err:
         Checkpointer(cfg, 0, 1, 1)
     assert err.value.key == "workload.storage.storage_root" and allowed in str(err.value)
+
+
+def test_reads_keep_several_requests_in_flight_by_default_and_one_when_content_cannot_seek(tmp_path):
+    default = load_config(OmegaConf.create(TINY), 2)
+    assert (default.read_parallelism, default.read_size) == (16, 8 << 20)
+    ck = Checkpointer(default, 0, 2, 2)
+    assert ck.concurrency()["load"] == {"requests_in_flight": 16, "request_bytes": 8 << 20,
+                                        "note": "per file, at most one request per read_size piece of it"}
+    squeezed = {**TINY, "checkpoint": {"checkpoint_folder": str(tmp_path)},
+                "streaming": {**TINY["streaming"], "compress_ratio": 2, "read_size": "1MiB"}}
+    cks = [Checkpointer(load_config(OmegaConf.create(squeezed), 2), r, 2, 2) for r in range(2)]
+    assert cks[0].cfg.read_parallelism == 1  # verified content with ratios regenerates from the start only
+    for ck in cks:
+        ck.prepare()
+        ck.save(1)
+    for ck in cks:
+        assert sum(f.nbytes for f in ck.load(1)) == ck.rank_bytes(ck.rank)

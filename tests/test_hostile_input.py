@@ -28,9 +28,10 @@ def test_a_misspelt_section_stops_the_run(workdir, override, message):
 def test_buffers_that_do_not_fit_the_node_are_refused_before_allocating(workdir):
     run = run_dlio(workdir, 2, "llama3_tiny_checkpoint", "++workload.streaming.pool_depth=100000", timeout=120)
     assert run.returncode == 2
+    # the write pool (100000 x 32 MiB) and the read pool (16 + 2 requests of 8 MiB)
     assert "invalid config: workload.streaming.pool_depth=100000; allowed: settings whose buffers fit this " \
-           "node: pool_depth 3125.00 GiB = 3125.00 GiB per rank x 2 rank(s) on this node = 6250.00 GiB, more " \
-           "than 90% of the " in run.stderr
+           "node: pool_depth 3125.00 GiB + read_parallelism 0.14 GiB = 3125.14 GiB per rank x 2 rank(s) on this " \
+           "node = 6250.28 GiB, more than 90% of the " in run.stderr
     assert "GiB available" in run.stderr
 
 

@@ -44,7 +44,7 @@ def metric_lines(phase: str, windows: list[dict]) -> list[str]:
             f"[METRIC] Checkpoint {phase} I/O Throughput (GiB/second): {t_mean:.4f} (\u00b1{t_std:.4f})"]
 
 
-def results_block(phase: str, report: dict, cache_method: str = "") -> list[str]:
+def results_block(phase: str, report: dict, cache_method: str = "", concurrency: dict | None = None) -> list[str]:
     if not report:
         return []
     fmt = lambda v, spec: "n/a" if v is None else format(v, spec)  # noqa: E731
@@ -59,7 +59,9 @@ def results_block(phase: str, report: dict, cache_method: str = "") -> list[str]
             f"  {'pipeline overhead':28s} {report['pipeline_overhead_pct']:.2f} %",
             f"  {'bottleneck':28s} {report['bottleneck']} (I/O-bound chunks: {report['chunks_io_bound']}, "
             f"generation-bound chunks: {report['chunks_fill_bound']})"] + (
-            [f"  {'page cache':28s} {cache_method}"] if cache_method else [])
+            [f"  {'page cache':28s} {cache_method}"] if cache_method else []) + (
+            [f"  {'requests in flight':28s} {concurrency['requests_in_flight']} x "
+             f"{concurrency['request_bytes'] / 2**20:g} MiB per rank"] if concurrency else [])
 
 
 def write_json(path: str, data: dict) -> None:

@@ -31,6 +31,16 @@ def _utc(t: float) -> str:
     return datetime.datetime.fromtimestamp(t, datetime.timezone.utc).isoformat(timespec="seconds")
 
 
+def peak_rss_bytes() -> int | None:
+    """This process's peak resident memory (VmHWM; ru_maxrss would carry over
+    from the process that exec'd us)."""
+    try:
+        with open("/proc/self/status") as fh:
+            return next(int(line.split()[1]) * 1024 for line in fh if line.startswith("VmHWM:"))
+    except (OSError, StopIteration):
+        return None
+
+
 def write_rank_stats(session: "CheckpointSession", totals: dict) -> None:
     ck, topo = session.checkpointer, session.topology
     rank_dir = os.path.join(session.output_folder, RANK_STATS_DIR)
@@ -39,6 +49,7 @@ def write_rank_stats(session: "CheckpointSession", totals: dict) -> None:
         "rank": session.rank, "hostname": os.uname().nodename, "local_rank": topo.local_rank,
         "ranks_per_node": topo.ranks_per_node, "gen_threads": ck.gen_threads,
         "source_rank_for_loads": ck.source_rank(), "phases": session.local, "totals": totals,
+        "peak_rss_bytes": peak_rss_bytes(), "buffer_bytes": session.rank_buffer_bytes,
         "trace": dict(trace.COST) if trace.enabled() else None})
 
 
@@ -53,7 +64,7 @@ def manifest(session: "CheckpointSession") -> dict:
             "ranks": session.size, "hosts": list(topo.hosts), "num_hosts": topo.num_hosts,
             "ranks_per_node": topo.ranks_per_node,
             "threads": {"gen_threads_per_rank": ck.gen_threads, "usable_cpus": usable_cpus()},
-            "storage": ck.backend.describe(),
+            "storage": ck.backend.describe(), "concurrency": ck.concurrency(),
             "cache_method": ck.backend.read_cache_method,
             "reads_may_be_cached": ck.backend.reads_may_be_cached}
 

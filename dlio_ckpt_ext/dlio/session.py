@@ -248,8 +248,9 @@ class CheckpointSession:
                     lines += [line.replace("[METRIC]", "[INFO] global window:")
                               for line in metrics.metric_lines(phase, self.windows[phase])]
         backend = self.checkpointer.backend
+        concurrency = self.checkpointer.concurrency()
         for phase, method in (("save", backend.write_cache_method), ("load", backend.read_cache_method)):
-            lines += metrics.results_block(phase, reports[phase], method)
+            lines += metrics.results_block(phase, reports[phase], method, concurrency.get(phase))
         lines += self.warnings()
         print("\n".join(lines), flush=True)
         records.write_run_record(self, reports)

@@ -12,9 +12,12 @@ PAGE = mmap.PAGESIZE
 
 
 class BufferPool:
+    """depth 0 is a pool that only states the chunk size: for writers that lend
+    their own memory (Writer.zero_copy), nothing needs allocating."""
+
     def __init__(self, depth: int, buffer_size: int) -> None:
-        if depth < 1:
-            raise ValueError(f"pool depth must be >= 1, got {depth}")
+        if depth < 0:
+            raise ValueError(f"pool depth must be >= 0, got {depth}")
         if buffer_size <= 0 or buffer_size % PAGE:
             raise ValueError(f"buffer size must be a positive multiple of {PAGE}, got {buffer_size}")
         self.buffer_size = buffer_size

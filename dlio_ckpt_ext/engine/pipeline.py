@@ -51,6 +51,8 @@ def run(pool: BufferPool, producers: list[Producer], consume: Consumer) -> list[
     Returns the chunk records in consumption order. The first exception of any
     stage stops every stage and is re-raised here.
     """
+    if not pool.buffers:
+        raise ValueError("the pipeline needs a pool with at least one buffer")
     free: queue.Queue = queue.Queue()
     filled: queue.Queue = queue.Queue()
     for buf in pool.buffers:

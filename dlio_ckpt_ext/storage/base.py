@@ -53,6 +53,8 @@ class Reader(ABC):
 class Backend(ABC):
     """A storage root: a directory, a bucket prefix, ..."""
 
+    #: True when every writer it opens is zero_copy: no write pool is needed
+    lends_write_memory: bool = False
     #: how the read phase avoids client caches, recorded in the results
     read_cache_method: str = "none"
     #: True when reads right after writes may be served from a client cache
@@ -96,6 +98,10 @@ class Backend(ABC):
 
     def remove_empty_dir(self, directory: str) -> None:
         """Remove directory if it is empty (object stores have none)."""
+
+    def write_concurrency(self, chunk_size: int) -> dict:
+        """Writes in flight per rank: the engine writes each file's chunks in order."""
+        return {"requests_in_flight": 1, "request_bytes": chunk_size}
 
     def describe(self) -> dict:
         """Settings worth recording with a result (never credentials)."""
