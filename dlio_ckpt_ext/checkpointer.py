@@ -8,6 +8,7 @@ from __future__ import annotations
 from dlio_ckpt_ext import plan
 from dlio_ckpt_ext.config import RunConfig
 from dlio_ckpt_ext.engine import BufferPool, ContentSpec, FileStats, derive_seed, load_file, save_file
+from dlio_ckpt_ext.engine.buffers import PAGE
 from dlio_ckpt_ext.engine.stream import Progress
 from dlio_ckpt_ext.engine.threads import gen_thread_budget
 from dlio_ckpt_ext.errors import StorageError
@@ -35,9 +36,11 @@ class Checkpointer:
         return self.pool
 
     def read_buffers(self) -> BufferPool:
-        """The read pool: a buffer per request in flight, one being verified and a spare."""
+        """The read pool: a buffer per request in flight, one being verified and a
+        spare; page-sized tokens where the readers lend their memory (S3)."""
         if self.read_pool is None:
-            self.read_pool = BufferPool(self.cfg.read_parallelism + 2, self.cfg.read_size)
+            size = PAGE if self.backend.lends_read_memory else self.cfg.read_size
+            self.read_pool = BufferPool(self.cfg.read_parallelism + 2, size)
         return self.read_pool
 
     # -- plan -------------------------------------------------------------
@@ -88,7 +91,7 @@ class Checkpointer:
         if self.cfg.checkpoint.num_checkpoints_read:
             pool = self.read_buffers()
             if self.cfg.streaming.verify:
-                pool.scratch()
+                pool.scratch(self.cfg.read_size)
 
     def save(self, step: int, epoch: int = 1, progress: Progress = None) -> list[FileStats]:
         directory = plan.checkpoint_dir(step, epoch)
@@ -107,7 +110,7 @@ class Checkpointer:
         pool = self.read_buffers()
         return [load_file(self.backend, f"{directory}/{f.name}", f.size, pool,
                           self.content(directory, src, f.name) if st.verify else None,
-                          self.cfg.read_parallelism, self.gen_threads, progress)
+                          self.cfg.read_parallelism, self.gen_threads, progress, self.cfg.read_size)
                 for f in self.files(src)]
 
     def inventory(self, steps: list[int], epoch: int = 1) -> dict:

@@ -20,6 +20,9 @@ from dlio_ckpt_ext.errors import ConfigError
 MECHANISM_CLASS = "dlio_ckpt_ext.dlio.mechanism.StreamingCheckpointing"
 STORAGE_TYPES = ("local_fs", "parallel_fs", "s3")
 MiB = 1 << 20
+#: read requests in flight per rank when streaming.read_parallelism is 0, by storage type
+#: (measured: bench/remote_bench.py through an emulated remote link for s3, README)
+DEFAULT_READ_PARALLELISM = {"s3": 32, "local_fs": 16, "parallel_fs": 16}
 
 
 @dataclass
@@ -80,7 +83,7 @@ class StreamingConfig:
     # capped rate after a round trip, so one request at a time leaves it idle.
     # Defaults chosen by measurement (bench/remote_bench.py, README).
     read_size: str = "8MiB"     # bytes per read request; a multiple of 1 MiB
-    read_parallelism: int = 16  # read requests in flight per rank (contiguous ranges of each file)
+    read_parallelism: int = 0   # read requests in flight per rank; 0 = the storage's default below
     verify: bool = False        # compare every byte read with the regenerated content
     seed: int = 0               # run seed; file seeds are hashed from it
     dedup_ratio: int = 1
@@ -117,7 +120,8 @@ class RunConfig:
         be regenerated from an offset (dedup/compress ratios other than 1)."""
         st = self.streaming
         seekable = (st.dedup_ratio, st.compress_ratio) == (1, 1)
-        return st.read_parallelism if seekable or not st.verify else 1
+        chosen = st.read_parallelism or DEFAULT_READ_PARALLELISM[self.storage.storage_type]
+        return chosen if seekable or not st.verify else 1
 
     @property
     def model(self) -> ModelConfig:
@@ -214,8 +218,11 @@ def load_config(workload: DictConfig | dict, comm_size: int) -> RunConfig:
     if chunk <= 0 or chunk % MiB:
         raise ConfigError("workload.streaming.chunk_size", st.chunk_size,
                           "a positive multiple of 1 MiB (1048576)")
-    for key in ("pool_depth", "read_parallelism", "dedup_ratio", "compress_ratio"):
+    for key in ("pool_depth", "dedup_ratio", "compress_ratio"):
         _positive(f"workload.streaming.{key}", getattr(st, key))
+    if isinstance(st.read_parallelism, bool) or st.read_parallelism < 0:
+        raise ConfigError("workload.streaming.read_parallelism", st.read_parallelism,
+                          "0 (the storage's default) or a positive integer")
     if st.pool_depth < 2:
         raise ConfigError("workload.streaming.pool_depth", st.pool_depth,
                           "at least 2 (one buffer filling while one is in I/O)")

@@ -23,13 +23,13 @@ def rank_buffers(cfg: RunConfig) -> list[tuple[str, object, int]]:
     if c.num_checkpoints_write and not s3_parts:  # S3 parts are filled in s3dlio's memory instead
         out.append(("workload.streaming.pool_depth", st.pool_depth, st.pool_depth * cfg.chunk_size))
     if c.num_checkpoints_read:
+        # a pool buffer per request in flight (+2), or on object storage the GETs'
+        # own bytes (one per request in flight, one being verified)
+        lent = cfg.storage.storage_type == "s3"
         out.append(("workload.streaming.read_parallelism", cfg.read_parallelism,
-                    (cfg.read_parallelism + 2) * cfg.read_size))
+                    (cfg.read_parallelism + (1 if lent else 2)) * cfg.read_size))
         if st.verify:
             out.append(("workload.streaming.verify", st.verify, cfg.read_size))
-        if cfg.storage.storage_type == "s3":
-            # each ranged GET's bytes exist once more until copied into the pool
-            out.append(("workload.streaming.read_size", st.read_size, cfg.read_parallelism * cfg.read_size))
     if s3_parts and c.num_checkpoints_write:
         from dlio_ckpt_ext.config import structured
         from dlio_ckpt_ext.storage.objstore import ObjectOptions

@@ -75,7 +75,9 @@ def test_object_schemes_without_bounded_memory_streaming_are_refused(root, allow
 
 def test_reads_keep_several_requests_in_flight_by_default_and_one_when_content_cannot_seek(tmp_path):
     default = load_config(OmegaConf.create(TINY), 2)
-    assert (default.read_parallelism, default.read_size) == (16, 8 << 20)
+    assert (default.read_parallelism, default.read_size) == (16, 8 << 20)  # local_fs
+    on_s3 = load_config(OmegaConf.create({**TINY, "storage": {"storage_type": "s3"}}), 2)
+    assert on_s3.read_parallelism == 32
     ck = Checkpointer(default, 0, 2, 2)
     assert ck.concurrency()["load"] == {"requests_in_flight": 16, "request_bytes": 8 << 20,
                                         "note": "per file, at most one request per read_size piece of it"}

@@ -77,7 +77,9 @@ def test_missing_short_and_corrupt_objects_fail_naming_them(s3, pool):
     with pytest.raises(StorageError, match="missing checkpoint file s3://ckpt/bad/none.pt"):
         load_file(b, "none.pt", 6 * MiB, pool, content=spec)
     client.put_object(Bucket=BUCKET, Key="bad/short.pt", Body=good[:-1])
-    with pytest.raises(VerificationError, match=f"s3://ckpt/bad/short.pt has {6 * MiB - 1} bytes"):
+    # the size is asked for while the GETs run: the short read names the file first
+    with pytest.raises(VerificationError, match=f"s3://ckpt/bad/short.pt (has {6 * MiB - 1} bytes|ended at byte "
+                                                f"{6 * MiB - 1}, expected {6 * MiB} bytes)"):
         load_file(b, "short.pt", 6 * MiB, pool, content=spec)
     flipped = bytearray(good)
     flipped[5 * MiB + 3] ^= 0xFF
@@ -95,3 +97,11 @@ def test_file_scheme_goes_through_the_same_backend(workdir, pool):
     load_file(b, "step1/f.pt", 7 * MiB + 1, pool, content=spec)
     assert b.list_sizes("step1") == {"step1/f.pt": 7 * MiB + 1}
     assert b.reads_may_be_cached
+
+
+def test_a_longer_object_than_planned_fails_after_its_reads(s3, pool):
+    b = backend("long")
+    spec = ContentSpec(derive_seed(2, "s3"))
+    s3.client().put_object(Bucket=BUCKET, Key="long/x.pt", Body=expected_bytes(spec, 3 * MiB) + b"extra")
+    with pytest.raises(VerificationError, match=f"s3://ckpt/long/x.pt has {3 * MiB + 5} bytes, expected {3 * MiB}"):
+        load_file(b, "x.pt", 3 * MiB, pool, content=spec, parallelism=4, request_size=MiB)

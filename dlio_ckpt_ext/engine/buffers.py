@@ -24,17 +24,22 @@ class BufferPool:
         self.buffers = [self._allocate() for _ in range(depth)]
         self._scratch: mmap.mmap | None = None
 
-    def _allocate(self) -> mmap.mmap:
-        buf = mmap.mmap(-1, self.buffer_size)
+    def _allocate(self, size: int = 0) -> mmap.mmap:
+        size = size or self.buffer_size
+        buf = mmap.mmap(-1, size)
         # Touch every page now so first-touch faults land outside timed windows.
-        buf.write(b"\0" * self.buffer_size)
+        buf.write(b"\0" * size)
         buf.seek(0)
         return buf
 
-    def scratch(self) -> memoryview:
-        """One extra buffer, outside the queues, for regenerating expected data."""
-        if self._scratch is None:
-            self._scratch = self._allocate()
+    def scratch(self, size: int = 0) -> memoryview:
+        """One extra buffer of at least `size` bytes (default: a buffer's), outside
+        the queues, for regenerating expected data."""
+        size = max(size, self.buffer_size)
+        if self._scratch is None or len(self._scratch) < size:
+            if self._scratch is not None:
+                self._scratch.close()
+            self._scratch = self._allocate(size)
         return memoryview(self._scratch)
 
     @property

@@ -30,6 +30,7 @@ class Chunk:
     produced_at: float = 0.0    # wall clock when the producer finished it
     done_at: float = 0.0        # wall clock when the consumer finished it
     buffer: Optional[memoryview] = None
+    data: Optional[memoryview] = None  # the bytes, when a reader lent them instead of filling buffer
 
 
 # A producer gets an empty buffer and returns the Chunk it put there, or None
@@ -98,7 +99,7 @@ def run(pool: BufferPool, producers: list[Producer], consume: Consumer) -> list[
             consume(item)
             item.consume_s = time.perf_counter() - t1
             item.done_at = time.time()
-            buf, item.buffer = item.buffer, None
+            buf, item.buffer, item.data = item.buffer, None, None
             free.put(buf)
             chunks.append(item)
     finally:

@@ -28,15 +28,14 @@ def _first_difference(a: memoryview, b: memoryview) -> int:
     """Offset of the first differing byte of two equal-length buffers, or -1.
 
     memcmp (GIL released, memory speed) for the common equal case; memoryview
-    equality goes element by element and would dominate the load phase.
+    equality goes element by element and would dominate the load phase. Either
+    buffer may be read-only (bytes a reader lent).
     """
     n = len(a)
-    pa = ctypes.addressof(ctypes.c_char.from_buffer(a))
-    pb = ctypes.addressof(ctypes.c_char.from_buffer(b))
-    if _libc.memcmp(pa, pb, n) == 0:
+    xa, xb = np.frombuffer(a, dtype=np.uint8, count=n), np.frombuffer(b, dtype=np.uint8, count=n)
+    if _libc.memcmp(xa.ctypes.data, xb.ctypes.data, n) == 0:
         return -1
-    diff = np.frombuffer(a, dtype=np.uint8) != np.frombuffer(b, dtype=np.uint8)
-    return int(np.argmax(diff))
+    return int(np.argmax(xa != xb))
 
 
 def _fill_exact(gen, view: memoryview, offset: int, where: str) -> None:
@@ -70,9 +69,11 @@ def _record(stats: FileStats, chunks: list[Chunk], fill_stage: Optional[str],
         stats.chunks.append([c.offset, c.nbytes, fill, io, c.wait_free_s, c.wait_filled_s, c.done_at, c.produced_at])
 
 
-def _sequential(start: int, end: int, chunk: int, action: Callable[[memoryview, int, int], None]):
+def _sequential(start: int, end: int, chunk: int,
+                action: Callable[[memoryview, int, int], Optional[memoryview]]):
     """A pipeline producer handing out [start, end) in chunk-sized pieces;
-    action(buf, offset, n) puts the n bytes at offset into buf[:n]."""
+    action(buf, offset, n) puts the n bytes at offset into buf[:n], or returns
+    them in memory of its own (a lending reader)."""
     offset = start
 
     def produce(buf: memoryview) -> Optional[Chunk]:
@@ -80,8 +81,7 @@ def _sequential(start: int, end: int, chunk: int, action: Callable[[memoryview, 
         if offset >= end:
             return None
         n = min(chunk, end - offset)
-        action(buf, offset, n)
-        piece = Chunk(offset, n)
+        piece = Chunk(offset, n, data=action(buf, offset, n))
         offset += n
         return piece
     return produce
@@ -155,36 +155,43 @@ def _ranges(size: int, chunk: int, parallelism: int) -> list[tuple[int, int]]:
 
 def load_file(backend: Backend, path: str, size: int, pool: BufferPool,
               content: Optional[ContentSpec] = None, parallelism: int = 1,
-              gen_threads: int = 1, progress: Progress = None) -> FileStats:
-    """Read `path` back; with `content`, compare every byte with the regenerated data.
+              gen_threads: int = 1, progress: Progress = None, request_size: int = 0) -> FileStats:
+    """Read `path` back in requests of request_size (default: the pool's buffer
+    size), `parallelism` of them in flight over contiguous ranges of the file;
+    with `content`, compare every byte with the regenerated data. A reader that
+    lends its memory reads without a copy, the pool only counting requests.
 
     A missing file, a size other than `size`, or any differing byte raises an
     error naming the file (and the offset of the first difference).
     """
+    request = request_size or pool.buffer_size
     reader = backend.open_reader(path)
     stats = FileStats(name=path, nbytes=size, start=time.time())
     try:
-        if reader.size != size:
+        if not reader.lends_memory and reader.size != size:
             raise VerificationError(f"{backend.uri(path)} has {reader.size} bytes, expected {size}")
-        ranges = _ranges(size, pool.buffer_size, parallelism)
+        ranges = _ranges(size, request, parallelism)
         if content is not None and len(ranges) > 1 and not content.seekable:
             raise ValueError("parallel verified reads need dedup_ratio = compress_ratio = 1")
 
-        def read(buf: memoryview, offset: int, n: int) -> None:
-            got = reader.readinto(offset, buf, n)
+        def read(buf: memoryview, offset: int, n: int) -> Optional[memoryview]:
+            data = reader.read(offset, n) if reader.lends_memory else None
+            got = len(data) if data is not None else reader.readinto(offset, buf, n)
             if got != n:
                 raise VerificationError(f"{backend.uri(path)} ended at byte {offset + got}, expected {size} bytes")
+            return data
 
         gens: dict[int, object] = {}
-        expected = pool.scratch() if content is not None else None
+        expected = pool.scratch(request) if content is not None else None
 
         def verify(c: Chunk) -> None:
             start, end = next(r for r in ranges if r[0] <= c.offset < r[1])
             if start not in gens:
                 gens[start] = generator(content, end - start, offset=start, threads=gen_threads,
-                                        chunk_size=pool.buffer_size)
+                                        chunk_size=request)
             gens[start].fill_chunk(expected[:c.nbytes])
-            first = _first_difference(c.buffer[:c.nbytes], expected[:c.nbytes])
+            got = c.data if c.data is not None else c.buffer
+            first = _first_difference(got[:c.nbytes], expected[:c.nbytes])
             if first >= 0:
                 raise VerificationError(f"{backend.uri(path)} differs from the written data at byte "
                                         f"offset {c.offset + first}")
@@ -194,7 +201,9 @@ def load_file(backend: Backend, path: str, size: int, pool: BufferPool,
                 verify(c)
             if progress:
                 progress(c.nbytes)
-        chunks = pipeline.run(pool, [_sequential(s, e, pool.buffer_size, read) for s, e in ranges], consume)
+        chunks = pipeline.run(pool, [_sequential(s, e, request, read) for s, e in ranges], consume)
+        if reader.lends_memory and reader.size != size:  # asked for while the reads ran
+            raise VerificationError(f"{backend.uri(path)} has {reader.size} bytes, expected {size}")
     finally:
         reader.close()
     stats.end = time.time()

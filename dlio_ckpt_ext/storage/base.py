@@ -37,6 +37,13 @@ class Reader(ABC):
     """Random-access reader of one file or object; safe to call from threads."""
 
     size: int
+    #: True when read() hands out the client library's own memory (no copy,
+    #: no pool buffer needed)
+    lends_memory: bool = False
+
+    def read(self, offset: int, length: int) -> memoryview:
+        """Up to length bytes at offset, in memory the reader lends (lends_memory)."""
+        raise NotImplementedError
 
     @abstractmethod
     def readinto(self, offset: int, buf: memoryview, length: int) -> int:
@@ -55,6 +62,8 @@ class Backend(ABC):
 
     #: True when every writer it opens is zero_copy: no write pool is needed
     lends_write_memory: bool = False
+    #: True when its readers lend their memory: the read pool only counts requests
+    lends_read_memory: bool = False
     #: how the read phase avoids client caches, recorded in the results
     read_cache_method: str = "none"
     #: True when reads right after writes may be served from a client cache

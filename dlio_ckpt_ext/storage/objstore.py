@@ -26,6 +26,7 @@ from dlio_ckpt_ext.storage.base import Backend, Reader, Writer
 
 SCHEMES = ("s3", "file", "direct")
 STAT_CONCURRENCY = 64  # stats in flight while taking the inventory
+_STAT_POOL = ThreadPoolExecutor(max_workers=4, thread_name_prefix="s3-size")
 UNSTREAMABLE = {"az": "its Azure writer holds the whole object in memory",
                 "gs": "it has no streaming writer for Google Cloud Storage"}
 _ENV = {"endpoint_url": "AWS_ENDPOINT_URL", "region": "AWS_REGION",
@@ -151,17 +152,34 @@ class StreamWriter(Writer):
 
 
 class ObjectReader(Reader):
+    """Ranged GETs whose bytes stay in s3dlio's memory (no copy). The size is
+    asked for in the background, so the first GETs do not wait a round trip
+    for it; a missing object fails the first GET."""
+    lends_memory = True
+
     def __init__(self, uri: str) -> None:
         self.uri = uri
-        with _errors(uri, "cannot stat"):
-            self.size = int(s3dlio.stat(uri)["size"])
+        self._size = _STAT_POOL.submit(self._stat)
+
+    def _stat(self) -> int:
+        with _errors(self.uri, "cannot stat"):
+            return int(s3dlio.stat(self.uri)["size"])
+
+    @property
+    def size(self) -> int:
+        return self._size.result()
+
+    def read(self, offset: int, length: int) -> memoryview:
+        with _errors(self.uri, "cannot read"):
+            return memoryview(s3dlio.get_range(self.uri, offset, length))
 
     def readinto(self, offset: int, buf: memoryview, length: int) -> int:
-        with _errors(self.uri, "cannot read"):
-            data = s3dlio.get_range(self.uri, offset, length)
-        n = len(data)
-        buf[:n] = data
-        return n
+        data = self.read(offset, length)
+        buf[:len(data)] = data
+        return len(data)
+
+    def close(self) -> None:
+        self._size.cancel()
 
 
 class ObjectBackend(Backend):
@@ -176,6 +194,7 @@ class ObjectBackend(Backend):
                               "a URI starting with " + ", ".join(f"{s}://" for s in SCHEMES))
         self.root, self.scheme, self.opts = root.rstrip("/"), scheme, opts
         self.lends_write_memory = scheme == "s3"  # multipart parts are filled in place
+        self.lends_read_memory = True  # ranged GETs are read where s3dlio put them
         self.part_size = parse_size("part_size", opts.part_size)
         self.runtime_threads = opts.runtime_threads or max(1, usable_cpus() // max(1, ranks_per_node))
         # Before s3dlio's first call: it sizes its runtime and client then, once.
