@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -167,23 +168,30 @@ def main() -> None:
     ap.add_argument("--sweep", default="4,8,16,32", help="raw requests in flight to try")
     ap.add_argument("--inventory", type=int, default=0, help="objects for the inventory measure (0: skip)")
     ap.add_argument("--json", help="also write the figures here")
+    ap.add_argument("--dir", help="scratch directory for the servers' data (default: a temporary one)")
     args = ap.parse_args()
     args.sweep = [int(x) for x in args.sweep.split(",")]
 
     from dlio_ckpt_ext import local_s3
     from dlio_ckpt_ext.remote_link import LinkSpec
     results = {}
-    workdir = Path(tempfile.mkdtemp(prefix="remote-bench-"))
+    workdir = Path(tempfile.mkdtemp(prefix="remote-bench-", dir=args.dir))
     for link_text in args.links.split(","):
         latency, rate = (float(x) for x in link_text.split(":"))
         spec = LinkSpec(latency, rate)
-        server = local_s3.start(workdir / f"server-{link_text.replace(':', '_')}", link=spec)
-        try:
-            local_s3.create_bucket(server, BUCKET)
-            env = {**os.environ, **server.env(), "DIRECT_ENDPOINT": server.direct_endpoint}
-            if args.inventory and latency >= 10:
-                inventory(args, env)
-            for ranks in (int(r) for r in args.ranks.split(",")):
+        configs = ([("inventory", None)] if args.inventory and latency >= 10 else []) + \
+            [("ranks", int(r)) for r in args.ranks.split(",")]
+        for kind, ranks in configs:
+            # a server per configuration, removed after: SeaweedFS does not give
+            # deleted objects' space back until it vacuums its volumes
+            data = workdir / f"server-{link_text.replace(':', '_')}-{kind}{ranks or ''}"
+            server = local_s3.start(data, link=spec)
+            try:
+                local_s3.create_bucket(server, BUCKET)
+                env = {**os.environ, **server.env(), "DIRECT_ENDPOINT": server.direct_endpoint}
+                if kind == "inventory":
+                    inventory(args, env)
+                    continue
                 label = f"{link_text.replace(':', '_')}-{ranks}"
                 print(f"link {spec}, {ranks} rank(s), per-rank files {[s >> 20 for s in rank_sizes(args, ranks)]} MiB:",
                       flush=True)
@@ -195,8 +203,10 @@ def main() -> None:
                       f"{[round(x, 3) for x in r['ratios']['load']]}); peak RSS per rank: ours "
                       f"{r['rss_ours'] / 2**20:.0f} MiB (buffers {r['buffers'] / 2**20:.0f} MiB), "
                       f"raw {r['rss_raw'] / 2**20:.0f} MiB", flush=True)
-        finally:
-            server.stop()
+            finally:
+                server.stop()
+                shutil.rmtree(data, ignore_errors=True)
+    shutil.rmtree(workdir, ignore_errors=True)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
 

@@ -1,0 +1,115 @@
+"""Local disk: our defaults against raw O_DIRECT at the same process count, in one run.
+
+    python bench/local_bench.py --dir /work/bench_data [--ranks 1,2,4] [--pairs 3] [--gib-per-rank 1]
+
+For each rank count, our defaults (`dlio_benchmark workload=llama3_tiny_checkpoint`
+scaled so each rank writes about --gib-per-rank, local_fs, nothing else tuned)
+and the raw reference (bench/raw_posix_rank.py under mpirun: pre-filled
+aligned buffers, O_DIRECT writes of 32 MiB + fsync, O_DIRECT reads) run in
+interleaved pairs (A B / B A, a warm-up pair first), on the same directory.
+Both are timed the same way: per checkpoint a barrier, then the window from
+the first rank's start to the last rank's end. Prints the median ours/raw
+ratio for save and load, our generation margin (fill rate / I/O rate, and the
+generation-bound chunks) and the peak RSS per rank of each.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from remote_bench import BIN, GiB, HERE, mpirun, windows  # noqa: E402
+
+
+def shape(gib_per_rank: float, ranks: int) -> dict:
+    """A llama3-shaped model (ZeRO-3) whose shard is about gib_per_rank per rank."""
+    from dlio_ckpt_ext import plan
+    hidden = 512
+    while True:
+        m = plan.ModelShape(2, hidden, hidden * 7 // 2, 32000, 8, 2, "fp16", "fp32")
+        per_rank = plan.checkpoint_bytes(m, plan.Parallelism(1, 1, 3), ranks) / ranks
+        if per_rank >= gib_per_rank * GiB:
+            return {"hidden": hidden, "sizes": [f.size for f in plan.rank_plan(m, plan.Parallelism(1, 1, 3), ranks,
+                                                                                   0).files]}
+        hidden += 256
+
+
+def run_ours(args, ranks: int, hidden: int, tag: str, workdir: Path) -> dict:
+    out = workdir / tag
+    cmd = mpirun(ranks) + [str(BIN / "dlio_benchmark"), "workload=llama3_tiny_checkpoint",
+                           f"++workload.checkpoint.checkpoint_folder={Path(args.dir) / 'ours'}",
+                           f"++workload.output.folder={out}",
+                           f"++workload.checkpoint.num_checkpoints_write={args.writes}",
+                           f"++workload.checkpoint.num_checkpoints_read={args.reads}",
+                           "++workload.checkpoint.keep_files=False", "++workload.model.num_layers=2",
+                           f"++workload.model.transformer.hidden_size={hidden}",
+                           f"++workload.model.transformer.ffn_hidden_size={hidden * 7 // 2}",
+                           "++workload.model.transformer.vocab_size=32000"]
+    res = subprocess.run(cmd, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}, cwd=workdir,
+                         capture_output=True, text=True)
+    if res.returncode:
+        sys.exit(f"our run failed:\n{res.stdout[-2000:]}\n{res.stderr[-2000:]}")
+    record = json.loads((out / "ckpt_ext_summary.json").read_text())
+    stats = [json.loads(p.read_text()) for p in (out / "rank_stats").glob("*.json")]
+    save = record["save"]["results"]
+    return {"save": record["save"]["throughput_gib_s_mean"], "load": record["load"]["throughput_gib_s_mean"],
+            "rss": max(s["peak_rss_bytes"] for s in stats), "margin": save["generation_to_io_ratio"],
+            "gen_bound": save["chunks_fill_bound"], "threads": stats[0]["gen_threads"]}
+
+
+def run_raw(args, ranks: int, sizes: list[int]) -> dict:
+    cmd = mpirun(ranks) + [sys.executable, str(HERE / "raw_posix_rank.py"), "--dir", str(Path(args.dir) / "raw"),
+                           "--sizes", ",".join(map(str, sizes)), "--writes", str(args.writes),
+                           "--reads", str(args.reads)]
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    if res.returncode:
+        sys.exit(f"raw run failed:\n{res.stdout[-2000:]}\n{res.stderr[-2000:]}")
+    per_rank = [json.loads(line) for line in res.stdout.splitlines() if line.startswith("{")]
+    total = sum(sizes) * ranks
+    return {"save": windows(per_rank, "save", total), "load": windows(per_rank, "load", total),
+            "rss": max(r["peak_rss_bytes"] for r in per_rank)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--dir", required=True, help="a directory on the disk to measure")
+    ap.add_argument("--ranks", default="1,2,4")
+    ap.add_argument("--pairs", type=int, default=3)
+    ap.add_argument("--writes", type=int, default=2)
+    ap.add_argument("--reads", type=int, default=2)
+    ap.add_argument("--gib-per-rank", type=float, default=1.0)
+    args = ap.parse_args()
+    workdir = Path(tempfile.mkdtemp(prefix="local-bench-"))
+    for ranks in (int(r) for r in args.ranks.split(",")):
+        model = shape(args.gib_per_rank, ranks)
+        ratios = {"save": [], "load": []}
+        ours_all, raw_all = [], []
+        for i in range(args.pairs + 1):
+            order = ("ours", "raw") if i % 2 == 0 else ("raw", "ours")
+            got = {who: (run_ours(args, ranks, model["hidden"], f"r{ranks}-{i}", workdir) if who == "ours"
+                         else run_raw(args, ranks, model["sizes"])) for who in order}
+            if i == 0:
+                continue
+            for phase in ratios:
+                ratios[phase].append(got["ours"][phase] / got["raw"][phase])
+            ours_all.append(got["ours"])
+            raw_all.append(got["raw"])
+        print(f"{ranks} rank(s), per-rank files {[s >> 20 for s in model['sizes']]} MiB: ours / raw O_DIRECT "
+              f"save {statistics.median(ratios['save']):.3f}, load {statistics.median(ratios['load']):.3f} "
+              f"(pairs {[round(x, 3) for x in ratios['save']]}, {[round(x, 3) for x in ratios['load']]}); "
+              f"raw save {statistics.median(r['save'] for r in raw_all):.2f} GiB/s, load "
+              f"{statistics.median(r['load'] for r in raw_all):.2f} GiB/s; our generation margin "
+              f"{min(o['margin'] for o in ours_all):.2f}x at {ours_all[0]['threads']} thread(s), generation-bound "
+              f"chunks {max(o['gen_bound'] for o in ours_all)}; peak RSS per rank ours "
+              f"{max(o['rss'] for o in ours_all) / 2**20:.0f} MiB, raw {max(r['rss'] for r in raw_all) / 2**20:.0f} MiB",
+              flush=True)
+
+
+if __name__ == "__main__":
+    main()
