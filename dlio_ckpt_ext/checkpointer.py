@@ -10,7 +10,7 @@ from dlio_ckpt_ext.config import RunConfig
 from dlio_ckpt_ext.engine import BufferPool, ContentSpec, FileStats, derive_seed, load_file, save_file
 from dlio_ckpt_ext.engine.buffers import PAGE
 from dlio_ckpt_ext.engine.stream import Progress
-from dlio_ckpt_ext.engine.threads import gen_thread_budget
+from dlio_ckpt_ext.engine.threads import ThreadBudget
 from dlio_ckpt_ext.errors import StorageError
 from dlio_ckpt_ext.storage import Backend, join_root, open_backend
 
@@ -23,9 +23,14 @@ class Checkpointer:
                                              join_root(sto.storage_root, cfg.checkpoint.checkpoint_folder),
                                              dict(sto.storage_options), cfg.checkpoint.fsync,
                                              ranks_per_node)
-        self.gen_threads = gen_thread_budget(ranks_per_node, cfg.streaming.gen_threads)
+        self.threads = ThreadBudget(ranks_per_node, cfg.streaming.gen_threads)
         self.pool: BufferPool | None = None
         self.read_pool: BufferPool | None = None
+
+    @property
+    def gen_threads(self) -> int:
+        """Generator threads the next file gets (see ThreadBudget)."""
+        return self.threads.current
 
     def write_buffers(self) -> BufferPool:
         """The write pool (pool_depth x chunk_size), allocated before the first save;
@@ -98,10 +103,14 @@ class Checkpointer:
         files = self.files(self.rank)
         if files:
             self.backend.prepare(directory)
-        return [save_file(self.backend, f"{directory}/{f.name}", f.size,
-                          self.content(directory, self.rank, f.name), self.write_buffers(), self.gen_threads,
-                          progress)
-                for f in files]
+        saved = []
+        for f in files:
+            stats = save_file(self.backend, f"{directory}/{f.name}", f.size, self.content(directory, self.rank, f.name),
+                              self.write_buffers(), self.gen_threads, progress)
+            stats.gen_threads = self.gen_threads
+            self.threads.observe(stats.fill_s, stats.io_s + stats.close_s)
+            saved.append(stats)
+        return saved
 
     def load(self, step: int, epoch: int = 1, progress: Progress = None) -> list[FileStats]:
         directory = plan.checkpoint_dir(step, epoch)

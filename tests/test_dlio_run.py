@@ -45,6 +45,13 @@ def test_tiny_preset_two_ranks_files_metrics_and_summary(workdir):
     assert summary["dlio"].startswith("upstream" if UPSTREAM else "2.0.0")
     assert summary["config"]["effective"]["streaming"]["verify"] is True
     assert summary["threads"]["gen_threads_per_rank"] >= 1
+    # adaptive generator threads: one per file saved, between 1 and the node share
+    assert summary["threads"]["gen_thread_mode"] == "adaptive"
+    for r in ranks:
+        used = r["gen_thread_budget"]["used_per_file"]
+        assert len(used) == 6 and all(1 <= t <= r["gen_thread_budget"]["limit"] for t in used)
+        assert [f["gen_threads"] for rec in r["phases"]["save"] for f in rec["files"]] == used
+    assert "generator threads (rank 0)" in run.stdout
 
     metrics = run.window_metrics()
     dlio_metrics = run.metrics()

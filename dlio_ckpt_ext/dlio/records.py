@@ -48,6 +48,7 @@ def write_rank_stats(session: "CheckpointSession", totals: dict) -> None:
     metrics.write_json(os.path.join(rank_dir, f"rank_{session.rank:05d}.json"), {
         "rank": session.rank, "hostname": os.uname().nodename, "local_rank": topo.local_rank,
         "ranks_per_node": topo.ranks_per_node, "gen_threads": ck.gen_threads,
+        "gen_thread_budget": ck.threads.describe(),
         "source_rank_for_loads": ck.source_rank(), "phases": session.local, "totals": totals,
         "peak_rss_bytes": peak_rss_bytes(), "buffer_bytes": session.rank_buffer_bytes,
         "trace": dict(trace.COST) if trace.enabled() else None})
@@ -63,7 +64,8 @@ def manifest(session: "CheckpointSession") -> dict:
             "start_time_utc": _utc(session.start_time), "end_time_utc": _utc(session.end_time),
             "ranks": session.size, "hosts": list(topo.hosts), "num_hosts": topo.num_hosts,
             "ranks_per_node": topo.ranks_per_node,
-            "threads": {"gen_threads_per_rank": ck.gen_threads, "usable_cpus": usable_cpus()},
+            "threads": {"gen_threads_per_rank": ck.gen_threads, "usable_cpus": usable_cpus(),
+                        "gen_thread_mode": ck.threads.describe()["mode"], "gen_thread_limit": ck.threads.limit},
             "storage": ck.backend.describe(), "concurrency": ck.concurrency(),
             "cache_method": ck.backend.read_cache_method,
             "reads_may_be_cached": ck.backend.reads_may_be_cached}

@@ -52,6 +52,17 @@ def catch_interrupts() -> None:
             signal.signal(sig, _interrupt)
 
 
+def _runs(values: list[int]) -> str:
+    """[1, 1, 1, 2, 2] -> '1 x3, 2 x2'."""
+    out: list[list[int]] = []
+    for v in values:
+        if out and out[-1][0] == v:
+            out[-1][1] += 1
+        else:
+            out.append([v, 1])
+    return ", ".join(f"{v} x{n}" for v, n in out)
+
+
 class CheckpointSession:
     def __init__(self, workload: DictConfig, comm, output_folder: str, dlio_reports_metrics: bool,
                  dlio_rank_sync: Optional[bool] = None) -> None:
@@ -251,6 +262,12 @@ class CheckpointSession:
         concurrency = self.checkpointer.concurrency()
         for phase, method in (("save", backend.write_cache_method), ("load", backend.read_cache_method)):
             lines += metrics.results_block(phase, reports[phase], method, concurrency.get(phase))
+        budget = self.checkpointer.threads.describe()
+        if self.local["save"]:
+            how = (f"adaptive: the fewest keeping generation >= {budget['target_margin']:g}x I/O, up to "
+                   f"{budget['limit']}" if budget["mode"] == "adaptive" else "fixed by streaming.gen_threads")
+            lines.append(f"  {'generator threads (rank 0)':28s} {budget['final']} ({how}; per file: "
+                         f"{_runs(budget['used_per_file'])})")
         lines += self.warnings()
         print("\n".join(lines), flush=True)
         records.write_run_record(self, reports)

@@ -22,6 +22,7 @@ class FileStats:
     wait_filled_s: float = 0.0
     chunks_fill_bound: int = 0
     chunks_io_bound: int = 0
+    gen_threads: int = 0  # generator threads this file had
     # per chunk: [offset, nbytes, fill_s, io_s, wait_free_s, wait_filled_s, done_at, produced_at]
     chunks: list[list[float]] = field(default_factory=list)
 
