@@ -24,7 +24,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from remote_bench import BIN, GiB, HERE, mpirun, windows  # noqa: E402
+from remote_bench import BIN, GiB, HERE, mpirun, raw_result  # noqa: E402
 
 
 def shape(gib_per_rank: float, ranks: int) -> dict:
@@ -67,13 +67,7 @@ def run_raw(args, ranks: int, sizes: list[int]) -> dict:
     cmd = mpirun(ranks) + [sys.executable, str(HERE / "raw_posix_rank.py"), "--dir", str(Path(args.dir) / "raw"),
                            "--sizes", ",".join(map(str, sizes)), "--writes", str(args.writes),
                            "--reads", str(args.reads)]
-    res = subprocess.run(cmd, capture_output=True, text=True)
-    if res.returncode:
-        sys.exit(f"raw run failed:\n{res.stdout[-2000:]}\n{res.stderr[-2000:]}")
-    per_rank = [json.loads(line) for line in res.stdout.splitlines() if line.startswith("{")]
-    total = sum(sizes) * ranks
-    return {"save": windows(per_rank, "save", total), "load": windows(per_rank, "load", total),
-            "rss": max(r["peak_rss_bytes"] for r in per_rank)}
+    return raw_result(cmd, None, sizes, ranks)
 
 
 def main() -> None:

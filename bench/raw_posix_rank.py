@@ -10,18 +10,14 @@ from __future__ import annotations
 
 import argparse
 import fcntl
-import json
 import mmap
 import os
 import time
 
 from mpi4py import MPI
+from raw_rank_common import finish
 
 PAGE = mmap.PAGESIZE
-
-
-def hwm() -> int:
-    return next(int(line.split()[1]) * 1024 for line in open("/proc/self/status") if line.startswith("VmHWM:"))
 
 
 def write_file(path: str, size: int, buf: mmap.mmap, chunk: int) -> None:
@@ -73,12 +69,7 @@ def main() -> None:
             for i, size in enumerate(sizes):
                 action(name(step, i), size, buf, args.chunk)
             out[phase].append((t0, time.time()))
-    comm.barrier()
-    for step in range(1, args.writes + 1):
-        for i in range(len(sizes)):
-            os.unlink(name(step, i))
-    out["peak_rss_bytes"] = hwm()
-    print(json.dumps(out), flush=True)
+    finish(comm, out, args.writes, len(sizes), lambda step, i: os.unlink(name(step, i)))
 
 
 if __name__ == "__main__":

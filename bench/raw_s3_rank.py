@@ -9,17 +9,13 @@ checkpoint as in the benchmark; prints one JSON line per rank: per checkpoint
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import s3dlio
 from mpi4py import MPI
-
-
-def hwm() -> int:
-    return next(int(line.split()[1]) * 1024 for line in open("/proc/self/status") if line.startswith("VmHWM:"))
+from raw_rank_common import finish
 
 
 def main() -> None:
@@ -62,12 +58,7 @@ def main() -> None:
                                    offsets))
                 assert got == size, (uri, got, size)
             out["load"].append((t0, time.time()))
-    comm.barrier()
-    for step in range(1, args.writes + 1):
-        for i in range(len(sizes)):
-            s3dlio.delete(name(step, i))
-    out["peak_rss_bytes"] = hwm()
-    print(json.dumps(out), flush=True)
+    finish(comm, out, args.writes, len(sizes), lambda step, i: s3dlio.delete(name(step, i)))
 
 
 if __name__ == "__main__":

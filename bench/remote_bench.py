@@ -71,6 +71,11 @@ def run_raw(args, env: dict, ranks: int, tag: str, write_in_flight: int, read_in
                            "--sizes", ",".join(map(str, sizes)), "--writes", str(args.writes),
                            "--reads", str(args.reads), "--write-in-flight", str(write_in_flight),
                            "--read-in-flight", str(read_in_flight), "--read-size", str(args.read_size)]
+    return raw_result(cmd, env, sizes, ranks)
+
+
+def raw_result(cmd: list[str], env: dict | None, sizes: list[int], ranks: int) -> dict:
+    """Run a raw reference under mpirun; its ranks print one JSON line each."""
     res = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if res.returncode:
         sys.exit(f"raw run failed:\n{res.stdout[-2000:]}\n{res.stderr[-2000:]}")

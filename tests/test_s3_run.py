@@ -8,7 +8,7 @@ import pytest
 
 from conftest import BUCKET, tool
 from dlio_run import dlio_command, run_dlio
-from s3_server import SECRET_KEY, free_port, start_s3_server
+from s3_server import SECRET_KEY, S3Server, free_port, start_s3_server
 from test_dlio_run import TINY, zero3_file_sizes
 S3 = ["++workload.storage.storage_type=s3", "++workload.checkpoint.num_checkpoints_write=2",
       "++workload.checkpoint.num_checkpoints_read=1"]
@@ -127,3 +127,26 @@ def test_keep_files_false_on_s3_deletes_only_the_objects_the_run_wrote(s3, workd
     assert run.returncode == 0, run.output[-3000:]
     left = sorted(o["Key"] for o in client.list_objects_v2(Bucket=BUCKET, Prefix="mine/").get("Contents", []))
     assert left == sorted(foreign)
+
+
+def test_a_run_through_the_emulated_remote_link(tmp_path, workdir):
+    from dlio_ckpt_ext.local_s3 import create_bucket, start
+    from dlio_ckpt_ext.remote_link import LinkSpec
+    server = start(tmp_path / "remote", link=LinkSpec(latency_ms=25, rate_mb_s=100))
+    try:
+        assert server.endpoint != server.direct_endpoint  # clients talk to the link
+        create_bucket(server, "far")
+        client = S3Server(server.endpoint, server.proc, server.data_dir).client()
+        client.put_object(Bucket="far", Key="probe", Body=b"x")
+        t0 = time.monotonic()
+        client.get_object(Bucket="far", Key="probe")["Body"].read()
+        assert time.monotonic() - t0 >= 0.05  # a request and its answer each cross 25 ms
+        run = run_dlio(workdir, 2, "llama3_tiny_checkpoint", "++workload.storage.storage_type=s3",
+                       "++workload.storage.storage_root=s3://far", "++workload.checkpoint.num_checkpoints_write=1",
+                       "++workload.checkpoint.num_checkpoints_read=1", "++workload.streaming.verify=True",
+                       env=server.env(), checkpoint_folder="c")
+        assert run.returncode == 0, run.output[-3000:]
+        assert run.record()["inventory"]["ok"]
+        assert "requests in flight           32 x 8 MiB per rank" in run.stdout
+    finally:
+        server.stop()

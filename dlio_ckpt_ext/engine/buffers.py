@@ -38,7 +38,7 @@ class BufferPool:
         size = max(size, self.buffer_size)
         if self._scratch is None or len(self._scratch) < size:
             if self._scratch is not None:
-                self._scratch.close()
+                _release(self._scratch)
             self._scratch = self._allocate(size)
         return memoryview(self._scratch)
 
@@ -52,5 +52,12 @@ class BufferPool:
 
     def close(self) -> None:
         for buf in self.buffers + ([self._scratch] if self._scratch else []):
-            buf.close()
+            _release(buf)
         self.buffers, self._scratch = [], None
+
+
+def _release(buf: mmap.mmap) -> None:
+    try:
+        buf.close()
+    except BufferError:
+        pass  # a view still lives (an error's traceback holds one): unmapped when it goes

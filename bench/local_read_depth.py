@@ -1,0 +1,69 @@
+"""O_DIRECT reads of one 2 GiB file with 1 to 16 requests in flight, of 8 or
+32 MiB each, interleaved rounds: does a local disk gain from more than one
+read in flight per rank?
+
+    python bench/local_read_depth.py DIR [--rounds 3]
+"""
+from __future__ import annotations
+
+import argparse
+import mmap
+import os
+import statistics
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+SIZE = 2 << 30
+CASES = [(32 << 20, 1), (8 << 20, 1), (8 << 20, 2), (8 << 20, 4), (8 << 20, 8), (8 << 20, 16), (32 << 20, 4)]
+
+
+def prepare(path: str) -> None:
+    if os.path.exists(path) and os.path.getsize(path) == SIZE:
+        return
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_DIRECT, 0o644)
+    buf = mmap.mmap(-1, 32 << 20)
+    buf.write(os.urandom(32 << 20))
+    for _ in range(SIZE // (32 << 20)):
+        os.write(fd, buf)
+    os.fsync(fd)
+    os.close(fd)
+
+
+def read_rate(path: str, request: int, in_flight: int) -> float:
+    """GiB/s reading the whole file, in_flight threads over contiguous ranges."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+    bufs = [mmap.mmap(-1, request) for _ in range(in_flight)]
+    offsets = list(range(0, SIZE, request))
+    per = -(-len(offsets) // in_flight)
+
+    def reader(i: int) -> None:
+        for off in offsets[i * per:(i + 1) * per]:
+            os.preadv(fd, [bufs[i]], off)
+
+    t0 = time.time()
+    with ThreadPoolExecutor(in_flight) as pool:
+        list(pool.map(reader, range(in_flight)))
+    seconds = time.time() - t0
+    os.close(fd)
+    return SIZE / 2**30 / seconds
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("dir")
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args()
+    path = os.path.join(args.dir, "read_depth.bin")
+    prepare(path)
+    rates: dict[tuple[int, int], list[float]] = {c: [] for c in CASES}
+    for r in range(args.rounds):
+        for case in (CASES if r % 2 == 0 else CASES[::-1]):
+            rates[case].append(read_rate(path, *case))
+    for (request, in_flight), values in rates.items():
+        print(f"O_DIRECT read, {request >> 20} MiB x {in_flight} in flight: median {statistics.median(values):.2f} "
+              f"GiB/s {[round(v, 2) for v in values]}")
+    os.unlink(path)
+
+
+if __name__ == "__main__":
+    main()
