@@ -242,3 +242,18 @@ def test_empty_file_saves_and_loads(workdir, pool, mode):
     assert save_file(b, "ckpt/empty.pt", 0, spec, pool).chunks == []
     assert (workdir / "ckpt" / "empty.pt").stat().st_size == 0
     assert load_file(b, "ckpt/empty.pt", 0, pool, content=spec, parallelism=2).chunks == []
+
+
+def test_io_time_of_overlapping_requests_is_their_wall_time_not_their_sum():
+    from dlio_ckpt_ext.engine.stream import _busy_seconds
+    assert _busy_seconds([(0.0, 1.0), (0.5, 1.5), (0.2, 0.4), (3.0, 4.0)]) == pytest.approx(2.5)
+    assert _busy_seconds([]) == 0.0
+
+
+def test_parallel_verified_reads_report_wall_io_time(workdir, pool):
+    backend = PosixBackend(str(workdir), PosixOptions(read_mode="buffered", write_mode="buffered"))
+    spec = ContentSpec(derive_seed(9, "par"))
+    save_file(backend, "p.bin", 24 * MiB, spec, pool)
+    stats = load_file(backend, "p.bin", 24 * MiB, pool, content=spec, parallelism=3)
+    assert 0 < stats.io_s <= stats.elapsed  # 3 readers overlap: their summed time could exceed the wall
+    assert sum(c[3] for c in stats.chunks) >= stats.io_s

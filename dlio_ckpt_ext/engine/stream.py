@@ -45,24 +45,45 @@ def _fill_exact(gen, view: memoryview, offset: int, where: str) -> None:
         raise RuntimeError(f"dgen-py filled {got} bytes instead of {n} at offset {offset} of {where}")
 
 
+def _busy_seconds(spans: list[tuple[float, float]]) -> float:
+    """Wall time covered by at least one of the (start, end) spans."""
+    total, reach = 0.0, float("-inf")
+    for start, end in sorted(spans):
+        if end > reach:
+            total += end - max(start, reach)
+            reach = end
+    return total
+
+
 def _record(stats: FileStats, chunks: list[Chunk], fill_stage: Optional[str],
             background_io_s: float = 0.0) -> None:
     """Fold chunk timings into stats; fill_stage names the pipeline stage that
     generates content ("producer" on save, "consumer" on a verified load,
     None on an unverified load, where nothing is generated).
-    background_io_s is storage time no chunk was charged for (uploads that
-    finish in close()); each chunk's bottleneck counts its share of it."""
-    share = background_io_s / len(chunks) if chunks else 0.0
+
+    I/O time is wall time with at least one request in flight: parallel reads
+    overlap, and summing their durations would count the same second many
+    times. Each chunk's bottleneck compares its generation time with its share
+    of that wall time. background_io_s is storage time no chunk was charged
+    for (uploads that finish in close()); each chunk's bottleneck counts its
+    share of it."""
+    timed = []
     for c in chunks:
         if fill_stage == "producer":
-            fill, io = c.produce_s, c.consume_s
+            fill, io, io_end = c.produce_s, c.consume_s, c.done_at
         else:
-            fill, io = (c.consume_s if fill_stage else 0.0), c.produce_s
+            fill, io, io_end = (c.consume_s if fill_stage else 0.0), c.produce_s, c.produced_at
+        timed.append((c, fill, io, (io_end - io, io_end)))
+    requests_s = sum(io for _, _, io, _ in timed)
+    busy_s = _busy_seconds([span for _, _, _, span in timed])
+    overlap = busy_s / requests_s if requests_s > 0 else 1.0
+    share = background_io_s / len(chunks) if chunks else 0.0
+    stats.io_s += busy_s
+    for c, fill, io, _ in timed:
         stats.fill_s += fill
-        stats.io_s += io
         stats.wait_free_s += c.wait_free_s
         stats.wait_filled_s += c.wait_filled_s
-        if fill > io + share:
+        if fill > io * overlap + share:
             stats.chunks_fill_bound += 1
         else:
             stats.chunks_io_bound += 1
@@ -166,6 +187,9 @@ def load_file(backend: Backend, path: str, size: int, pool: BufferPool,
     """
     request = request_size or pool.buffer_size
     reader = backend.open_reader(path)
+    if not reader.lends_memory and request > pool.buffer_size:
+        reader.close()
+        raise ValueError(f"read requests of {request} bytes do not fit the pool's {pool.buffer_size}-byte buffers")
     stats = FileStats(name=path, nbytes=size, start=time.time())
     try:
         if not reader.lends_memory and reader.size != size:
