@@ -8,14 +8,13 @@ checkpoint (start, end) and peak RSS.
 """
 from __future__ import annotations
 
-import argparse
 import fcntl
 import mmap
 import os
 import time
 
 from mpi4py import MPI
-from raw_rank_common import finish
+from raw_rank_common import finish, parser
 
 PAGE = mmap.PAGESIZE
 
@@ -45,11 +44,7 @@ def read_file(path: str, size: int, buf: mmap.mmap, chunk: int) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--dir", required=True)
-    ap.add_argument("--sizes", required=True, help="comma-separated file sizes of one rank")
-    ap.add_argument("--writes", type=int, default=2)
-    ap.add_argument("--reads", type=int, default=2)
+    ap = parser("--dir", "directory on the disk to measure")
     ap.add_argument("--chunk", type=int, default=32 << 20)
     args = ap.parse_args()
     comm = MPI.COMM_WORLD

@@ -1,8 +1,19 @@
 """What the raw reference ranks (raw_posix_rank.py, raw_s3_rank.py) share."""
 from __future__ import annotations
 
+import argparse
 import json
 from typing import Callable
+
+
+def parser(target: str, target_help: str) -> argparse.ArgumentParser:
+    """The options every raw rank takes: where, what sizes, how many checkpoints."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument(target, required=True, help=target_help)
+    ap.add_argument("--sizes", required=True, help="comma-separated sizes of one rank's files or objects")
+    ap.add_argument("--writes", type=int, default=2)
+    ap.add_argument("--reads", type=int, default=2)
+    return ap
 
 
 def hwm() -> int:

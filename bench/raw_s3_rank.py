@@ -8,22 +8,17 @@ checkpoint as in the benchmark; prints one JSON line per rank: per checkpoint
 """
 from __future__ import annotations
 
-import argparse
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import s3dlio
 from mpi4py import MPI
-from raw_rank_common import finish
+from raw_rank_common import finish, parser
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--root", required=True)
-    ap.add_argument("--sizes", required=True, help="comma-separated object sizes of one rank")
-    ap.add_argument("--writes", type=int, default=2)
-    ap.add_argument("--reads", type=int, default=2)
+    ap = parser("--root", "s3://bucket/prefix")
     ap.add_argument("--part-size", type=int, default=32 << 20)
     ap.add_argument("--write-in-flight", type=int, default=8)
     ap.add_argument("--read-size", type=int, default=8 << 20)
