@@ -7,8 +7,12 @@ from __future__ import annotations
 
 from dlio_ckpt_ext import plan
 from dlio_ckpt_ext.config import RunConfig
-from dlio_ckpt_ext.engine import BufferPool, ContentSpec, FileStats, derive_seed, load_file, save_file
+from typing import Callable, Optional
+
+from dlio_ckpt_ext.engine import (BufferPool, ContentSpec, FileStats, derive_seed, load_file, save_file,
+                                  write_from_memory)
 from dlio_ckpt_ext.engine.buffers import PAGE
+from dlio_ckpt_ext.engine.staging import StagingArea, stage_file
 from dlio_ckpt_ext.engine.stream import Progress
 from dlio_ckpt_ext.engine.threads import ThreadBudget
 from dlio_ckpt_ext.errors import StorageError
@@ -26,6 +30,9 @@ class Checkpointer:
         self.threads = ThreadBudget(ranks_per_node, cfg.streaming.gen_threads)
         self.pool: BufferPool | None = None
         self.read_pool: BufferPool | None = None
+        self.staging: StagingArea | None = None
+        #: async mode: generation seconds of each file at its last staging
+        self.staged_fill_s: dict[str, float] = {}
 
     @property
     def gen_threads(self) -> int:
@@ -48,9 +55,27 @@ class Checkpointer:
             self.read_pool = BufferPool(self.cfg.read_parallelism + 2, size)
         return self.read_pool
 
+    def staging_area(self) -> StagingArea:
+        """Async mode: this rank's whole share of a checkpoint in host memory."""
+        if self.staging is None:
+            self.staging = StagingArea({f.name: f.size for f in self.files(self.rank)})
+        return self.staging
+
     # -- plan -------------------------------------------------------------
+    def rank_plan(self, rank: int) -> plan.RankPlan:
+        return plan.rank_plan(self.cfg.shape, self.cfg.parallelism, self.comm_size, rank)
+
     def files(self, rank: int) -> tuple[plan.ShardFile, ...]:
-        return plan.rank_plan(self.cfg.shape, self.cfg.parallelism, self.comm_size, rank).files
+        """The files `rank` writes before the commit (all of them, but DCP's .metadata)."""
+        return self.rank_plan(rank).files
+
+    def load_files(self, rank: int) -> tuple[plan.ShardFile, ...]:
+        """What a rank reads to load `rank`'s share: DCP's .metadata first (every
+        rank reads it to find its data), then the shard files."""
+        return self.rank_plan(0).commit_files + self.files(rank)
+
+    def directory(self, step: int, epoch: int = 1) -> str:
+        return plan.checkpoint_dir(step, epoch, self.cfg.checkpoint.layout)
 
     def source_rank(self) -> int:
         """Whose files this rank loads: with recovery_rank_shift, a rank on
@@ -65,8 +90,8 @@ class Checkpointer:
 
     def expected_sizes(self, steps: list[int], epoch: int = 1) -> dict[str, int]:
         """Every file of the given checkpoints, all ranks, path -> size."""
-        return {f"{plan.checkpoint_dir(s, epoch)}/{f.name}": f.size
-                for s in steps for r in range(self.comm_size) for f in self.files(r)}
+        return {f"{self.directory(s, epoch)}/{f.name}": f.size for s in steps for r in range(self.comm_size)
+                for f in self.rank_plan(r).files + self.rank_plan(r).commit_files}
 
     # -- I/O --------------------------------------------------------------
     def concurrency(self) -> dict:
@@ -81,8 +106,11 @@ class Checkpointer:
                            "note": "per file, at most one request per read_size piece of it"}
         return out
 
-    def rank_bytes(self, rank: int) -> int:
-        return plan.rank_plan(self.cfg.shape, self.cfg.parallelism, self.comm_size, rank).total_bytes
+    def rank_bytes(self, rank: int, phase: str = "save") -> int:
+        """Bytes `rank` writes in one checkpoint, or reads (phase "load")."""
+        if phase == "load":
+            return sum(f.size for f in self.load_files(rank))
+        return self.rank_plan(rank).total_bytes
 
     def checkpoint_bytes(self) -> int:
         """Bytes of one whole checkpoint, all ranks."""
@@ -93,34 +121,85 @@ class Checkpointer:
         # allocated and touched now, outside every timed window
         if self.cfg.checkpoint.num_checkpoints_write:
             self.write_buffers()
+            if self.cfg.is_async:
+                self.staging_area()
+                self.write_buffers().scratch(self.cfg.chunk_size)
         if self.cfg.checkpoint.num_checkpoints_read:
             pool = self.read_buffers()
             if self.cfg.streaming.verify:
                 pool.scratch(self.cfg.read_size)
 
-    def save(self, step: int, epoch: int = 1, progress: Progress = None) -> list[FileStats]:
-        directory = plan.checkpoint_dir(step, epoch)
-        files = self.files(self.rank)
-        if files:
+    def _prepare(self, directory: str) -> None:
+        if self.rank_plan(self.rank).total_bytes or self.files(self.rank):
             self.backend.prepare(directory)
-        saved = []
-        for f in files:
-            stats = save_file(self.backend, f"{directory}/{f.name}", f.size, self.content(directory, self.rank, f.name),
-                              self.write_buffers(), self.gen_threads, progress)
-            stats.gen_threads = self.gen_threads
-            self.threads.observe(stats.fill_s, stats.io_s + stats.close_s)
-            saved.append(stats)
+
+    def _save_generated(self, directory: str, f: plan.ShardFile, progress: Progress) -> FileStats:
+        stats = save_file(self.backend, f"{directory}/{f.name}", f.size, self.content(directory, self.rank, f.name),
+                          self.write_buffers(), self.gen_threads, progress)
+        stats.gen_threads = self.gen_threads
+        self.threads.observe(stats.fill_s, stats.io_s + stats.close_s)
+        return stats
+
+    def _commit(self, directory: str, barrier: Optional[Callable[[], None]], progress: Progress) -> list[FileStats]:
+        """DCP's commit: once every rank has finished its files, rank 0 writes
+        .metadata, and the save returns on every rank only after that (DCP's
+        all_reduce of the write results). A checkpoint counts as saved then."""
+        if self.cfg.checkpoint.layout != "dcp":
+            return []
+        if barrier:
+            barrier()
+        saved = [self._save_generated(directory, f, progress) for f in self.rank_plan(self.rank).commit_files]
+        if barrier:
+            barrier()
         return saved
 
+    def save(self, step: int, epoch: int = 1, progress: Progress = None,
+             barrier: Optional[Callable[[], None]] = None) -> list[FileStats]:
+        """Generate and write this rank's files; with the dcp layout, `barrier`
+        (every rank's) brackets the commit."""
+        directory = self.directory(step, epoch)
+        self._prepare(directory)
+        saved = [self._save_generated(directory, f, progress) for f in self.files(self.rank)]
+        return saved + self._commit(directory, barrier, progress)
+
+    def stage(self, step: int, epoch: int = 1) -> dict:
+        """Async mode, the part that blocks training: this rank's state copied
+        into the staging area. Generation (the emulated device memory) is timed
+        apart and is not part of staging."""
+        directory = self.directory(step, epoch)
+        area, source = self.staging_area(), self.write_buffers().scratch(self.cfg.chunk_size)
+        copy_s = 0.0
+        for f in self.files(self.rank):
+            self.staged_fill_s[f.name], copy = stage_file(self.content(directory, self.rank, f.name), area.view(f.name),
+                                                          source[:self.cfg.chunk_size], self.gen_threads)
+            copy_s += copy
+        return {"fill_s": sum(self.staged_fill_s.values()), "staging_s": copy_s,
+                "bytes": sum(f.size for f in self.files(self.rank))}
+
+    def persist(self, step: int, epoch: int = 1, progress: Progress = None,
+                barrier: Optional[Callable[[], None]] = None) -> list[FileStats]:
+        """Async mode, in the background: write the staged files, then commit."""
+        directory = self.directory(step, epoch)
+        self._prepare(directory)
+        area = self.staging_area()
+        saved = []
+        for f in self.files(self.rank):
+            stats = write_from_memory(self.backend, f"{directory}/{f.name}", area.view(f.name), self.cfg.chunk_size,
+                                      progress)
+            # its content was generated while staging: the report's generation figure
+            stats.fill_s, stats.gen_threads = self.staged_fill_s.get(f.name, 0.0), self.gen_threads
+            saved.append(stats)
+        return saved + self._commit(directory, barrier, progress)
+
     def load(self, step: int, epoch: int = 1, progress: Progress = None) -> list[FileStats]:
-        directory = plan.checkpoint_dir(step, epoch)
+        directory = self.directory(step, epoch)
         src = self.source_rank()
         st = self.cfg.streaming
         pool = self.read_buffers()
         return [load_file(self.backend, f"{directory}/{f.name}", f.size, pool,
-                          self.content(directory, src, f.name) if st.verify else None,
+                          self.content(directory, 0 if f.kind == "metadata" else src, f.name) if st.verify else None,
                           self.cfg.read_parallelism, self.gen_threads, progress, self.cfg.read_size)
-                for f in self.files(src)]
+                for f in self.load_files(src)]
 
     def inventory(self, steps: list[int], epoch: int = 1) -> dict:
         """Compare one listing of the checkpoint folder with the plan.
@@ -130,7 +209,7 @@ class Checkpointer:
         expected = self.expected_sizes(steps, epoch)
         found = {}
         for step in steps:
-            found.update(self.backend.list_sizes(plan.checkpoint_dir(step, epoch)))
+            found.update(self.backend.list_sizes(self.directory(step, epoch)))
         missing = sorted(set(expected) - set(found))
         wrong = sorted(p for p in expected if p in found and found[p] != expected[p])
         result = {"expected": len(expected), "present": len(set(expected) & set(found)),
@@ -150,14 +229,14 @@ class Checkpointer:
         for path in self.expected_sizes(steps, epoch):
             removed += self.backend.delete_file(path)
         for step in steps:
-            self.backend.remove_empty_dir(plan.checkpoint_dir(step, epoch))
+            self.backend.remove_empty_dir(self.directory(step, epoch))
         return removed
 
     def close(self) -> None:
-        for pool in (self.pool, self.read_pool):
+        for pool in (self.pool, self.read_pool, self.staging):
             if pool is not None:
                 pool.close()
-        self.pool = self.read_pool = None
+        self.pool = self.read_pool = self.staging = None
 
 
 def inventory_error(result: dict) -> StorageError:

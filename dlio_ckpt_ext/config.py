@@ -19,6 +19,7 @@ from dlio_ckpt_ext.errors import ConfigError
 
 MECHANISM_CLASS = "dlio_ckpt_ext.dlio.mechanism.StreamingCheckpointing"
 STORAGE_TYPES = ("local_fs", "parallel_fs", "s3")
+ASYNC_MODES = ("disabled", "async")
 MiB = 1 << 20
 #: read requests in flight per rank when streaming.read_parallelism is 0, by storage type
 #: (measured: bench/remote_bench.py through an emulated remote link for s3, README)
@@ -61,6 +62,11 @@ class CheckpointConfig:
     time_between_checkpoints: float = 0.0         # seconds of idle before each checkpoint, untimed
     fsync: bool = True                            # fsync each local file before its close counts
     mode: str = "default"                         # default | subset
+    layout: str = "deepspeed"                     # deepspeed | dcp (torch.distributed.checkpoint, FSDP)
+    # disabled: each save writes to storage before it returns. async: a save
+    # stages the rank's state into host memory and returns; a background
+    # thread persists it while training goes on (torchtitan's async_mode).
+    async_mode: str = "disabled"
     rank_sync: bool = True                        # barrier before each checkpoint
     recovery_rank_shift: bool = False             # read the files of rank (r + ranks_per_node) % size
     keep_files: bool = True                       # False: delete the checkpoints after the run
@@ -122,6 +128,10 @@ class RunConfig:
         seekable = (st.dedup_ratio, st.compress_ratio) == (1, 1)
         chosen = st.read_parallelism or DEFAULT_READ_PARALLELISM[self.storage.storage_type]
         return chosen if seekable or not st.verify else 1
+
+    @property
+    def is_async(self) -> bool:
+        return self.checkpoint.async_mode == "async"
 
     @property
     def model(self) -> ModelConfig:
@@ -211,6 +221,8 @@ def load_config(workload: DictConfig | dict, comm_size: int) -> RunConfig:
                           "seconds >= 0")
     if not c.checkpoint_folder:
         raise ConfigError("workload.checkpoint.checkpoint_folder", c.checkpoint_folder, "a non-empty path")
+    if c.async_mode not in ASYNC_MODES:
+        raise ConfigError("workload.checkpoint.async_mode", c.async_mode, " or ".join(ASYNC_MODES))
     if sto.storage_type not in STORAGE_TYPES:
         raise ConfigError("workload.storage.storage_type", sto.storage_type, ", ".join(STORAGE_TYPES))
 
@@ -236,7 +248,7 @@ def load_config(workload: DictConfig | dict, comm_size: int) -> RunConfig:
                             m.transformer.vocab_size, m.transformer.num_attention_heads,
                             m.transformer.num_kv_heads, m.model_datatype, m.optimizer_datatype)
     par = plan.Parallelism(m.parallelism.tensor, m.parallelism.pipeline, m.parallelism.zero_stage,
-                           m.parallelism.data, c.mode)
+                           m.parallelism.data, c.mode, c.layout)
     try:
         plan.validate(shape, par, comm_size)
     except ConfigError as exc:

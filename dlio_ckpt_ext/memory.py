@@ -15,10 +15,23 @@ HEADROOM = 0.9
 GiB = float(1 << 30)
 
 
-def rank_buffers(cfg: RunConfig) -> list[tuple[str, object, int]]:
+def staging_bytes(cfg: RunConfig, comm_size: int) -> int:
+    """The largest staging area any rank of an async run allocates: its whole
+    share of a checkpoint, each file page-aligned (engine.staging)."""
+    from dlio_ckpt_ext import plan
+    from dlio_ckpt_ext.engine.staging import aligned
+    return max(sum(aligned(f.size) for f in plan.rank_plan(cfg.shape, cfg.parallelism, comm_size, r).files)
+               for r in range(comm_size))
+
+
+def rank_buffers(cfg: RunConfig, comm_size: int = 1) -> list[tuple[str, object, int]]:
     """(key, value, bytes) of everything a rank allocates for streaming."""
     st, c = cfg.streaming, cfg.checkpoint
     out = []
+    if cfg.is_async and c.num_checkpoints_write:
+        # the rank's whole state, plus the chunk its content is generated into
+        out.append(("workload.checkpoint.async_mode", c.async_mode,
+                    staging_bytes(cfg, comm_size) + cfg.chunk_size))
     s3_parts = cfg.storage.storage_type == "s3" and str(cfg.storage.storage_root).startswith("s3://")
     if c.num_checkpoints_write and not s3_parts:  # S3 parts are filled in s3dlio's memory instead
         out.append(("workload.streaming.pool_depth", st.pool_depth, st.pool_depth * cfg.chunk_size))
@@ -42,21 +55,26 @@ def rank_buffers(cfg: RunConfig) -> list[tuple[str, object, int]]:
     return out
 
 
+def _label(key: str) -> str:
+    name = key.rsplit(".", 1)[-1]
+    return "async staging (the rank's whole checkpoint share)" if name == "async_mode" else name
+
+
 def available_bytes() -> int:
     """MemAvailable: what the node can give without swapping or evicting much."""
     import psutil
     return int(psutil.virtual_memory().available)
 
 
-def check_memory(cfg: RunConfig, ranks_per_node: int, available: int | None = None) -> int:
+def check_memory(cfg: RunConfig, ranks_per_node: int, comm_size: int, available: int | None = None) -> int:
     """Refuse settings whose buffers, times the ranks on this node, do not fit
     the node's available memory; returns the bytes one rank needs."""
     available = available_bytes() if available is None else available
-    parts = rank_buffers(cfg)
+    parts = rank_buffers(cfg, comm_size)
     per_rank = sum(n for _, _, n in parts)
     if per_rank * ranks_per_node > HEADROOM * available:
         key, value, _ = max(parts, key=lambda p: p[2])
-        detail = " + ".join(f"{k.rsplit('.', 1)[-1]} {n / GiB:.2f} GiB" for k, _, n in parts)
+        detail = " + ".join(f"{_label(k)} {n / GiB:.2f} GiB" for k, _, n in parts)
         raise ConfigError(key, value, f"settings whose buffers fit this node: {detail} = {per_rank / GiB:.2f} GiB "
                           f"per rank x {ranks_per_node} rank(s) on this node = {per_rank * ranks_per_node / GiB:.2f} "
                           f"GiB, more than {HEADROOM:.0%} of the {available / GiB:.2f} GiB available")

@@ -1,8 +1,10 @@
 """Shard plan: model shape + parallelism + MPI size -> the files each rank owns.
 
-Reproduces upstream DLIO's transformer sizing (DeepSpeed layout), so that a
-run of ours writes exactly the bytes an upstream DLIO run would, with file
-names that DeepSpeed would use.
+Two layouts. "deepspeed" reproduces upstream DLIO's transformer sizing, so a
+run of ours writes exactly the bytes an upstream DLIO run would, with the
+file names DeepSpeed uses. "dcp" is what torch.distributed.checkpoint writes
+for an FSDP-sharded model (torchtitan): one `__{rank}_0.distcp` per rank and
+a `.metadata` that rank 0 writes once every rank has finished (DCP's commit).
 """
 from __future__ import annotations
 
@@ -13,6 +15,12 @@ from dlio_ckpt_ext.errors import ConfigError
 DTYPE_BYTES = {"int8": 1, "uint8": 1, "fp16": 2, "bf16": 2, "float16": 2,
                "bfloat16": 2, "fp32": 4, "float32": 4, "fp64": 8, "float64": 8}
 MODES = ("default", "subset")
+LAYOUTS = ("deepspeed", "dcp")
+#: bytes of DCP's .metadata per (tensor, state entry, rank): an approximation of the
+#: pickled chunk and storage records (offset, length, path, shape) DCP keeps for each
+DCP_METADATA_ENTRY_BYTES = 200
+#: what DCP saves per parameter for Adam: the parameter and its two moments
+DCP_STATE_ENTRIES = 3
 ZERO_STAGES = (0, 1, 2, 3)
 
 
@@ -35,6 +43,7 @@ class Parallelism:
     zero_stage: int = 0
     data: int | None = None  # required in subset mode
     mode: str = "default"
+    layout: str = "deepspeed"
 
 
 @dataclass(frozen=True)
@@ -42,7 +51,7 @@ class ShardFile:
     """One file of one checkpoint, relative to the checkpoint directory."""
     name: str
     size: int
-    kind: str  # "model" or "optimizer"
+    kind: str  # "model", "optimizer", "state" (DCP: both) or "metadata"
 
 
 @dataclass(frozen=True)
@@ -53,10 +62,12 @@ class RankPlan:
     pp_rank: int
     tp_rank: int
     files: tuple[ShardFile, ...]
+    #: written by this rank only after every rank has finished its files (DCP's .metadata)
+    commit_files: tuple[ShardFile, ...] = ()
 
     @property
     def total_bytes(self) -> int:
-        return sum(f.size for f in self.files)
+        return sum(f.size for f in self.files + self.commit_files)
 
 
 def _dtype_bytes(key: str, name: str) -> int:
@@ -99,6 +110,13 @@ def validate(m: ModelShape, p: Parallelism, comm_size: int) -> None:
         raise ConfigError("model.parallelism.zero_stage", p.zero_stage, "0, 1, 2 or 3")
     if p.mode not in MODES:
         raise ConfigError("checkpoint.mode", p.mode, " or ".join(MODES))
+    if p.layout not in LAYOUTS:
+        raise ConfigError("checkpoint.layout", p.layout, " or ".join(LAYOUTS))
+    if p.layout == "dcp":
+        for key, val in (("model.parallelism.tensor", p.tensor), ("model.parallelism.pipeline", p.pipeline)):
+            if val != 1:
+                raise ConfigError(key, val, "1 with checkpoint.layout dcp (FSDP shards every tensor "
+                                            "across all ranks; tensor/pipeline layouts are not planned)")
     if p.pipeline > m.num_layers:
         raise ConfigError("model.parallelism.pipeline", p.pipeline,
                           f"at most num_layers {m.num_layers}")
@@ -148,11 +166,51 @@ def _layer_elements(m: ModelShape, layer: int, tp: int, shard: int) -> int:
             + h // shard + 2 * h * f // tp // shard + h * f // tp // shard)
 
 
+def dcp_tensors(m: ModelShape) -> list[tuple[int, int]]:
+    """(rows, columns) of every parameter tensor of a LLaMA-style model, as
+    torchtitan names them: tok_embeddings, per layer attention_norm, wq, wk,
+    wv, wo, ffn_norm, w1, w3, w2, then norm and output. Their elements add up
+    to num_parameters()."""
+    h, f = m.hidden_size, m.ffn_hidden_size
+    dkv = (h // m.num_attention_heads) * m.num_kv_heads
+    layer = [(h, 1), (h, h), (dkv, h), (dkv, h), (h, h), (h, 1), (f, h), (f, h), (h, f)]
+    return [(m.vocab_size, h)] + layer * m.num_layers + [(h, 1), (m.vocab_size, h)]
+
+
+def fsdp_rows(rows: int, world: int, rank: int) -> int:
+    """Rows of a tensor's dim 0 that `rank` holds under FSDP: torch.chunk's
+    split, ceil(rows / world) per rank in rank order, the last ranks short or
+    empty. DCP's default planner saves each rank's local shard as it is."""
+    per = -(-rows // world)
+    return max(0, min(per, rows - rank * per))
+
+
+def dcp_bytes_per_parameter(m: ModelShape) -> int:
+    """Parameter plus Adam's two moments, no separate master copy (torchtitan
+    trains in fp32 with mixed precision only in compute): 4 + 2 x 4 = 12 for fp32."""
+    return (_dtype_bytes("model.model_datatype", m.model_datatype)
+            + 2 * _dtype_bytes("model.optimizer_datatype", m.optimizer_datatype))
+
+
+def _dcp_plan(m: ModelShape, p: Parallelism, comm_size: int, rank: int) -> RankPlan:
+    world = p.data if p.mode == "subset" else comm_size
+    tensors = dcp_tensors(m)
+    elements = sum(fsdp_rows(rows, world, rank) * cols for rows, cols in tensors)
+    files = (ShardFile(f"__{rank}_0.distcp", elements * dcp_bytes_per_parameter(m), "state"),)
+    commit = ()
+    if rank == 0:
+        commit = (ShardFile(".metadata", DCP_METADATA_ENTRY_BYTES * DCP_STATE_ENTRIES * len(tensors) * world,
+                            "metadata"),)
+    return RankPlan(rank, rank, 0, 0, 0, files, commit)
+
+
 def rank_plan(m: ModelShape, p: Parallelism, comm_size: int, rank: int) -> RankPlan:
     """The files `rank` writes in one checkpoint, with exact byte sizes."""
     validate(m, p, comm_size)
     if not 0 <= rank < comm_size:
         raise ConfigError("rank", rank, f"0..{comm_size - 1}")
+    if p.layout == "dcp":
+        return _dcp_plan(m, p, comm_size, rank)
     tp, pp = p.tensor, p.pipeline
     mp = tp * pp
     dp = p.data if p.mode == "subset" else comm_size // mp
@@ -194,6 +252,7 @@ def checkpoint_bytes(m: ModelShape, p: Parallelism, comm_size: int) -> int:
     return sum(rank_plan(m, p, comm_size, r).total_bytes for r in range(comm_size))
 
 
-def checkpoint_dir(step: int, epoch: int = 1) -> str:
-    """Directory of one checkpoint, as DeepSpeed and upstream DLIO name it."""
-    return f"global_epoch{epoch}_step{step}"
+def checkpoint_dir(step: int, epoch: int = 1, layout: str = "deepspeed") -> str:
+    """Directory of one checkpoint: as DeepSpeed and upstream DLIO name it, or
+    as torchtitan does for DCP."""
+    return f"step-{step}" if layout == "dcp" else f"global_epoch{epoch}_step{step}"

@@ -91,6 +91,7 @@ def written(cfg: RunConfig) -> dict:
     sections = asdict(cfg.sections)
     return {**{f"model.{k}": v for k, v in flatten(sections["model"]).items() if k not in ("name",)},
             "checkpoint.mode": cfg.checkpoint.mode,
+            "checkpoint.layout": cfg.checkpoint.layout,
             "streaming.dedup_ratio": cfg.streaming.dedup_ratio,
             "streaming.compress_ratio": cfg.streaming.compress_ratio}
 

@@ -137,7 +137,7 @@ def check_workload(workload: DictConfig) -> None:
     try:
         check_sections(workload)
         cfg = load_config(workload, comm.size)
-        check_memory(cfg, topology(comm).ranks_per_node)
+        check_memory(cfg, topology(comm).ranks_per_node, comm.size)
         name = str(OmegaConf.select(workload, "checkpoint.checkpoint_mechanism_classname") or "")
         module, _, cls = name.rpartition(".")
         try:

@@ -55,6 +55,18 @@ def metric_fields(windows: dict[str, list[dict]], checkpoint_gib: float) -> dict
     return out
 
 
+def async_metric_fields(async_summary: dict) -> dict:
+    """Async mode's own figures (the save fields stay the persist windows)."""
+    out = {}
+    for key in ("blocked_s", "staging_s", "wait_s"):
+        name = key[:-2]
+        out[f"checkpoint_save_{name}_mean_seconds"] = async_summary[key]["mean"]
+        out[f"checkpoint_save_{name}_std_seconds"] = async_summary[key]["std"]
+    out["checkpoint_persist_kept_up"] = async_summary["kept_up"]
+    out["checkpoint_persist_kept_up_of"] = async_summary["judged"]
+    return out
+
+
 def summary(start: float, end: float, ranks: int, num_hosts: int, host_memory_gib: list[float],
             host_cpus: list[int], windows: dict[str, list[dict]], checkpoint_gib: float) -> dict:
     return {"start": timestamp(start), "num_accelerators": ranks, "num_hosts": num_hosts,

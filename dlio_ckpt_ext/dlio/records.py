@@ -49,8 +49,9 @@ def write_rank_stats(session: "CheckpointSession", totals: dict) -> None:
         "rank": session.rank, "hostname": os.uname().nodename, "local_rank": topo.local_rank,
         "ranks_per_node": topo.ranks_per_node, "gen_threads": ck.gen_threads,
         "gen_thread_budget": ck.threads.describe(),
-        "source_rank_for_loads": ck.source_rank(), "phases": session.local, "totals": totals,
+        "source_rank_for_loads": ck.source_rank(), "phases": session.local, "totals": totals, "async_blocked": session.blocked,
         "peak_rss_bytes": peak_rss_bytes(), "buffer_bytes": session.rank_buffer_bytes,
+        "staging_bytes": ck.staging.nbytes if ck.staging is not None else 0,
         "trace": dict(trace.COST) if trace.enabled() else None})
 
 
@@ -101,4 +102,10 @@ def write_run_record(session: "CheckpointSession", reports: dict) -> None:
               "config": {"effective": sections, "workload": workload}}
     for phase in ("save", "load"):
         record[phase] = phase_summary(session.windows[phase], reports[phase])
+    record["async_mode"] = session.config.checkpoint.async_mode
+    record["layout"] = session.config.checkpoint.layout
+    if session.async_summary is not None:
+        record["async"] = {**session.async_summary, "persist_is": "the save figures: each checkpoint's window "
+                           "from the first rank's persist start to the commit",
+                           "interval_s": session.config.checkpoint.time_between_checkpoints}
     metrics.write_json(os.path.join(folder, RECORD_FILE), record)

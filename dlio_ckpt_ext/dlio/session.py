@@ -20,6 +20,7 @@ from typing import Callable, Optional
 from omegaconf import DictConfig
 from tqdm import tqdm
 
+from dlio_ckpt_ext.background import BackgroundPersist
 from dlio_ckpt_ext.checkpointer import Checkpointer, inventory_error
 from dlio_ckpt_ext.config import RunConfig, load_config
 from dlio_ckpt_ext.dlio import metrics, records, trace
@@ -29,6 +30,14 @@ from dlio_ckpt_ext.errors import ConfigError
 from dlio_ckpt_ext.memory import check_memory
 
 PHASES = ("save", "load")
+#: the session of this process, for DLIO's storage calls that must see the last
+#: checkpoint persisted (listing the checkpoint folder before the reads)
+_active: Optional["CheckpointSession"] = None
+
+
+def drain_active() -> None:
+    if _active is not None:
+        _active.drain()
 
 
 class Interrupted(BaseException):
@@ -91,14 +100,26 @@ class CheckpointSession:
         #: rank 0 only, after finalize: the global window of each checkpoint
         self.windows: dict[str, list[dict]] = {p: [] for p in PHASES}
         self.inventory: Optional[dict] = None
+        #: async mode: this rank's blocked part of each save; rank 0 after finalize: the summary
+        self.blocked: list[dict] = []
+        self.async_summary: Optional[dict] = None
+        self.drain_s = 0.0
+        self.persister: Optional[BackgroundPersist] = None
         self.start_time = time.time()
         self.end_time = self.start_time
         catch_interrupts()
         with self.abort_on_error("preparing the checkpoint storage"):
             self.topology: Topology = topology(comm)
-            self.rank_buffer_bytes = check_memory(self.config, self.topology.ranks_per_node)
+            self.rank_buffer_bytes = check_memory(self.config, self.topology.ranks_per_node, self.size)
             self.checkpointer = Checkpointer(self.config, self.rank, self.size, self.topology.ranks_per_node)
             self.checkpointer.prepare()
+        if self.config.is_async:
+            self.persister = BackgroundPersist(lambda exc: abort(self.comm, f"checkpoint persist failed: {exc}", exc))
+            # the background thread's own communicator for DCP's commit, as DCP
+            # gives async_save a process group of its own
+            self.persist_comm = comm.Dup()
+        global _active
+        _active = self
         self._probe()
         c = self.config.checkpoint
         if c.num_checkpoints_write == 0:
@@ -113,6 +134,8 @@ class CheckpointSession:
         try:
             yield
         except Interrupted as exc:
+            if self.persister is not None:
+                self.persister.cancel()
             # mpirun is ending every rank already: this one has aborted its open
             # upload or removed its partial file on the way here, and just goes.
             sys.stderr.write(f"[ERROR] rank {self.rank}: {what} interrupted by {exc}; its partial file or "
@@ -147,6 +170,10 @@ class CheckpointSession:
             out.append("[WARNING] checkpoint.rank_sync is False: DLIO times each checkpoint on rank 0 alone; "
                        "the global windows (first rank's start to last rank's close) are in "
                        f"{records.RECORD_FILE}")
+        if self.config.is_async and self.dlio_reports_metrics and c.num_checkpoints_write:
+            out.append("[WARNING] checkpoint.async_mode=async: DLIO's own [METRIC] save lines time the save call "
+                       "(generating the content, staging, waiting for the previous persist), not storage; the "
+                       "storage figures are the 'Checkpoint persist' lines, the blocked time the 'save blocked' lines")
         if c.num_checkpoints_write and backend.writes_may_be_cached:
             out.append("[WARNING] save figures may measure the page cache, not the storage "
                        f"(write method: {backend.write_cache_method})")
@@ -165,10 +192,45 @@ class CheckpointSession:
         return self.checkpointer.checkpoint_bytes()
 
     def save(self, epoch: int, step: int) -> list[FileStats]:
-        return self._checkpoint("save", epoch, step, self.checkpointer.save)
+        if self.config.is_async:
+            return self._save_async(epoch, step)
+        return self._checkpoint("save", epoch, step,
+                                lambda s, e, bar: self.checkpointer.save(s, e, bar, self.comm.barrier))
 
     def load(self, epoch: int, step: int) -> list[FileStats]:
+        self.drain()
         return self._checkpoint("load", epoch, step, self.checkpointer.load)
+
+    def _save_async(self, epoch: int, step: int) -> list[FileStats]:
+        """Wait for the previous persist, stage, start persisting, return: what
+        blocks training. The staging copy and the wait are each measured."""
+        with self.abort_on_error(f"checkpoint save {step}"), trace.span("checkpoint.save", step=step):
+            start = time.time()
+            waited, wait_s = self.persister.wait()
+            staged = self.checkpointer.stage(step, epoch)
+            self.persister.start(lambda: self._persist(epoch, step), name=f"persist-{step}")
+            end = time.time()
+        self.blocked.append({"step": step, "start": start, "end": end, "waited": waited, "wait_s": wait_s,
+                             "staging_s": staged["staging_s"], "fill_s": staged["fill_s"],
+                             "blocked_s": wait_s + staged["staging_s"], "call_s": end - start,
+                             "bytes": staged["bytes"]})
+        return []
+
+    def _persist(self, epoch: int, step: int) -> None:
+        """The background thread: the persist is this checkpoint's save (its
+        window is what the save [METRIC] lines report)."""
+        start = time.time()
+        files = self.checkpointer.persist(step, epoch, self.persister.check, self.persist_comm.Barrier)
+        end = time.time()
+        self.local["save"].append(metrics.local_record(step, files, start, end))
+        self.files["save"].extend(files)
+
+    def drain(self) -> None:
+        """Async mode: wait for the last checkpoint to be persisted (before it is
+        listed, read or reported); its wait is recorded, not charged to a save."""
+        if self.persister is not None and self.persister.busy:
+            with self.abort_on_error("persisting the last checkpoint"):
+                self.drain_s += self.persister.wait()[1]
 
     def _checkpoint(self, phase: str, epoch: int, step: int,
                     action: Callable[..., list[FileStats]]) -> list[FileStats]:
@@ -193,7 +255,7 @@ class CheckpointSession:
         ck = self.checkpointer
         c = self.config.checkpoint
         count = c.num_checkpoints_write if phase == "save" else c.num_checkpoints_read
-        total = ck.rank_bytes(ck.rank if phase == "save" else ck.source_rank())
+        total = ck.rank_bytes(ck.rank) if phase == "save" else ck.rank_bytes(ck.source_rank(), "load")
         try:
             width = os.get_terminal_size(term.fileno()).columns or 100
         except OSError:
@@ -221,13 +283,19 @@ class CheckpointSession:
     def finalize(self) -> None:
         """Collective: gather the windows, check the inventory, write the results,
         then clean up. Called once, after the last checkpoint, on every rank."""
+        self.drain()
         self.end_time = time.time()
         c = self.config.checkpoint
+        if self.persister is not None:
+            blocked = self.comm.gather(self.blocked, root=0)
+            self.persist_comm.Free()
         for phase in PHASES:
             gathered = self.comm.gather(self.local[phase], root=0)
             if self.rank == 0:
                 self.windows[phase] = [metrics.global_window([g[i] for g in gathered])
                                        for i in range(len(self.local[phase]))]
+        if self.persister is not None and self.rank == 0:
+            self.async_summary = metrics.async_checkpoints(blocked, self.windows["save"], self.drain_s)
         if c.num_checkpoints_write:
             self._check_inventory(list(range(1, c.num_checkpoints_write + 1)))
         with self.abort_on_error("writing the results"):
@@ -258,6 +326,11 @@ class CheckpointSession:
                 if self.windows[phase]:
                     lines += [line.replace("[METRIC]", "[INFO] global window:")
                               for line in metrics.metric_lines(phase, self.windows[phase])]
+        if self.async_summary is not None:
+            lines += [line.replace("Checkpoint save duration", "Checkpoint persist duration")
+                      .replace("Checkpoint save I/O", "Checkpoint persist I/O")
+                      for line in metrics.metric_lines("save", self.windows["save"])]
+            lines += metrics.async_lines(self.async_summary, self.config.checkpoint.time_between_checkpoints)
         backend = self.checkpointer.backend
         concurrency = self.checkpointer.concurrency()
         for phase, method in (("save", backend.write_cache_method), ("load", backend.read_cache_method)):

@@ -75,6 +75,10 @@ class StreamingStorage(DataStorage):
         return MetadataType.DIRECTORY if self.backend.children(rel) else MetadataType.FILE
 
     def walk_node(self, id: str, use_pattern: bool = False) -> list[str]:
+        # DLIO counts the checkpoints here before reading them: an async run's
+        # last checkpoint must have been persisted first.
+        from dlio_ckpt_ext.dlio.session import drain_active
+        drain_active()
         rel = self._rel(id)
         if not use_pattern:
             return self.backend.children(rel)

@@ -104,7 +104,10 @@ class CheckpointOnlyBenchmark:
                 self.comm.barrier()
             end = time.time()
             self.timings[phase].append((start, end))
-            if self.rank == 0:
+            if self.rank == 0 and phase == "save" and self.mechanism.session.config.is_async:
+                print(f"[INFO] checkpoint {phase} {step}/{count}: returned after {end - start:.4f} s (rank 0's "
+                      "time; async: persisting goes on in the background)", flush=True)
+            elif self.rank == 0:
                 print(f"[INFO] checkpoint {phase} {step}/{count}: {size_gib:.3f} GiB in {end - start:.4f} s "
                       f"= {size_gib / (end - start):.4f} GiB/s (rank 0's time)", flush=True)
 
@@ -131,4 +134,6 @@ class CheckpointOnlyBenchmark:
             summary = dlio_schema.summary(self.start_time, self.end_time, self.size, session.topology.num_hosts,
                                           [m for m, _ in hosts], [int(c) for _, c in hosts],
                                           session.windows, gib)
+            if session.async_summary is not None:
+                summary["metric"].update(dlio_schema.async_metric_fields(session.async_summary))
             metrics.write_json(os.path.join(folder, dlio_schema.SUMMARY_FILE), summary)

@@ -167,6 +167,36 @@ def save_file(backend: Backend, path: str, size: int, content: ContentSpec, pool
     return stats
 
 
+def write_from_memory(backend: Backend, path: str, data: memoryview, chunk: int,
+                      progress: Progress = None) -> FileStats:
+    """Write bytes already in memory (an async checkpoint's staging area) to
+    `path` in chunk-sized requests; nothing is generated, so every second is
+    storage time. On failure the partial file is removed, as in save_file."""
+    size = len(data)
+    stats = FileStats(name=path, nbytes=size, start=time.time())
+    writer: Optional[Writer] = None
+    chunks = []
+    try:
+        writer = backend.open_writer(path, size)
+        for offset in range(0, size, chunk):
+            n = min(chunk, size - offset)
+            t0 = time.perf_counter()
+            writer.write(data[offset:offset + n])
+            chunks.append(Chunk(offset, n, produce_s=time.perf_counter() - t0, produced_at=time.time()))
+            if progress:
+                progress(n)
+        t0 = time.perf_counter()
+        writer.close()
+        stats.close_s = time.perf_counter() - t0
+    except BaseException:
+        if writer is not None:
+            writer.abort()
+        raise
+    stats.end = time.time()
+    _record(stats, chunks, None)
+    return stats
+
+
 def _ranges(size: int, chunk: int, parallelism: int) -> list[tuple[int, int]]:
     """Split [0, size) into up to `parallelism` contiguous chunk-aligned ranges."""
     nchunks = -(-size // chunk)

@@ -1,0 +1,173 @@
+"""torch.distributed.checkpoint layout and async save (torchtitan), end to end
+through dlio_benchmark on either DLIO, local and on a real S3 server."""
+import pytest
+
+from conftest import BUCKET
+from dlio_ckpt_ext import plan
+from dlio_run import UPSTREAM, run_dlio
+
+PRESET = "torchtitan_llama3_8b_checkpoint"
+SMALL = dict(L=2, h=512, f=1792, V=8192, heads=8, kv=2)
+SCALE = [f"++workload.model.num_layers={SMALL['L']}", f"++workload.model.transformer.hidden_size={SMALL['h']}",
+         f"++workload.model.transformer.ffn_hidden_size={SMALL['f']}",
+         f"++workload.model.transformer.vocab_size={SMALL['V']}",
+         f"++workload.model.transformer.num_attention_heads={SMALL['heads']}",
+         f"++workload.model.transformer.num_kv_heads={SMALL['kv']}"]
+MiB = 1 << 20
+
+
+def llama_tensors(L, h, f, V, heads, kv):
+    dkv = h // heads * kv
+    return [(V, h)] + [(h, 1), (h, h), (dkv, h), (dkv, h), (h, h), (h, 1), (f, h), (f, h), (h, f)] * L \
+        + [(h, 1), (V, h)]
+
+
+def dcp_expected(ranks, steps, L, h, f, V, heads, kv):
+    """step-N/__{r}_0.distcp: rank r's torch.chunk row slices of every tensor x 12
+    bytes (fp32 weight + 2 fp32 Adam moments); .metadata 200 B per tensor, state
+    entry (3) and rank."""
+    tensors = llama_tensors(L, h, f, V, heads, kv)
+
+    def rank_rows(rows, r):
+        per = -(-rows // ranks)
+        pieces = [range(rows)[i:i + per] for i in range(0, rows, per)]
+        return len(pieces[r]) if r < len(pieces) else 0
+    out = {}
+    for s in steps:
+        for r in range(ranks):
+            out[f"step-{s}/__{r}_0.distcp"] = 12 * sum(rank_rows(rows, r) * cols for rows, cols in tensors)
+        out[f"step-{s}/.metadata"] = 200 * 3 * len(tensors) * ranks
+    return out
+
+
+# -- the plan -------------------------------------------------------------------
+def test_torchtitan_8b_is_12_bytes_per_parameter_and_deepspeed_14():
+    shape = plan.ModelShape(32, 4096, 14336, 128256, 32, 8, "fp32", "fp32")
+    n = plan.num_parameters(shape)
+    assert round(n / 1e9, 2) == 8.03
+    dcp = plan.Parallelism(zero_stage=3, layout="dcp")
+    shards = sum(plan.rank_plan(shape, dcp, 8, r).files[0].size for r in range(8))
+    assert shards == 12 * n and round(shards / 1e9, 1) == 96.4
+    assert plan.checkpoint_bytes(shape, dcp, 8) == shards + 200 * 3 * (9 * 32 + 3) * 8
+    expected = dcp_expected(8, [1], 32, 4096, 14336, 128256, 32, 8)
+    assert {f"step-1/{f.name}": f.size for r in range(8) for f in
+            plan.rank_plan(shape, dcp, 8, r).files + plan.rank_plan(shape, dcp, 8, r).commit_files} == expected
+    deepspeed = plan.ModelShape(32, 4096, 14336, 128256, 32, 8, "fp16", "fp32")
+    assert abs(plan.checkpoint_bytes(deepspeed, plan.Parallelism(zero_stage=3), 8) / n - 14) < 0.01
+
+
+def test_uneven_rows_follow_torch_chunk_and_only_rank_0_commits():
+    shape = plan.ModelShape(1, 8, 12, 10, 2, 1, "fp32", "fp32")
+    dcp = plan.Parallelism(layout="dcp")
+    plans = [plan.rank_plan(shape, dcp, 3, r) for r in range(3)]
+    expected = dcp_expected(3, [1], 1, 8, 12, 10, 2, 1)
+    assert [p.files[0].size for p in plans] == [expected[f"step-1/__{r}_0.distcp"] for r in range(3)]
+    assert plans[0].files[0].size > plans[2].files[0].size  # the last rank's chunks run short
+    assert sum(p.files[0].size for p in plans) == 12 * plan.num_parameters(shape)
+    assert [p.commit_files for p in plans[1:]] == [(), ()] and plans[0].commit_files[0].name == ".metadata"
+
+
+@pytest.mark.parametrize("par, key", [(plan.Parallelism(tensor=2, layout="dcp"), "model.parallelism.tensor"),
+                                      (plan.Parallelism(layout="fsdp"), "checkpoint.layout")])
+def test_layouts_we_cannot_plan_are_refused_by_name(par, key):
+    with pytest.raises(Exception, match=key):
+        plan.rank_plan(plan.ModelShape(2, 64, 128, 100, 4, 2), par, 2, 0)
+
+
+# -- end to end -----------------------------------------------------------------
+def _persist_order(run, steps):
+    """Per step: the latest end of any rank's shard file, and .metadata's start."""
+    shards, commits = {}, {}
+    for stats in run.rank_stats():
+        for rec in stats["phases"]["save"]:
+            for f in rec["files"]:
+                step = f["name"].split("/")[0]
+                if f["name"].endswith(".metadata"):
+                    commits[step] = f["start"]
+                else:
+                    shards[step] = max(shards.get(step, 0.0), f["end"])
+    return [(shards[f"step-{s}"], commits[f"step-{s}"]) for s in steps]
+
+
+@pytest.mark.parametrize("mode", ["disabled", "async"])
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_dcp_layout_two_ranks_sync_and_async(request, workdir, mode, where):
+    env, folder = None, None
+    extra = [f"++workload.checkpoint.async_mode={mode}", "++workload.checkpoint.num_checkpoints_write=2",
+             "++workload.checkpoint.num_checkpoints_read=2", "++workload.streaming.verify=True"]
+    if where == "s3":
+        s3 = request.getfixturevalue("s3")
+        env, folder = s3.env(), f"dcp-{mode}"
+        extra += ["++workload.storage.storage_type=s3", f"++workload.storage.storage_root=s3://{BUCKET}/t"]
+    run = run_dlio(workdir, 2, PRESET, *SCALE, *extra, env=env, checkpoint_folder=folder)
+    assert run.returncode == 0, run.stderr[-3000:]
+    expected = dcp_expected(2, [1, 2], **SMALL)
+    if where == "s3":
+        listed = s3.client().list_objects_v2(Bucket=BUCKET, Prefix=f"t/{folder}/")["Contents"]
+        found = {o["Key"][len(f"t/{folder}/"):]: o["Size"] for o in listed}
+    else:
+        found = {str(p.relative_to(workdir / "ckpt")): p.stat().st_size for p in (workdir / "ckpt").rglob("*")
+                 if p.is_file()}
+    assert found == expected
+    for shard_end, commit_start in _persist_order(run, [1, 2]):
+        assert commit_start >= shard_end  # .metadata only once every rank's file is closed
+    rec = run.record()
+    assert rec["inventory"]["ok"] and rec["layout"] == "dcp" and rec["async_mode"] == mode
+    # verify was on: every byte read (the .metadata by both ranks, then each file) was compared
+    loaded = [f["name"] for s in run.rank_stats() for r in s["phases"]["load"] for f in r["files"]]
+    assert sorted(loaded) == sorted([f"step-{s}/.metadata" for s in (1, 2)] * 2
+                                    + [f"step-{s}/__{r}_0.distcp" for s in (1, 2) for r in (0, 1)])
+    assert ("async" in rec) == (mode == "async")
+    assert "[METRIC] Checkpoint save blocked duration" in run.stdout if mode == "async" else True
+
+
+def _async_run(workdir, interval, **kw):
+    run = run_dlio(workdir, 2, PRESET, *SCALE, "++workload.checkpoint.async_mode=async",
+                   "++workload.checkpoint.num_checkpoints_write=3", "++workload.checkpoint.num_checkpoints_read=0",
+                   f"++workload.checkpoint.time_between_checkpoints={interval}", **kw)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return run
+
+
+def test_async_interval_shorter_than_persist_waits_longer_does_not(workdir):
+    short = _async_run(workdir, 0, out="short")
+    rows = short.record()["async"]["per_checkpoint"]
+    persist = short.record()["save"]["per_checkpoint"]
+    assert [r["waited"] for r in rows] == [False, True, True]
+    assert [r["kept_up"] for r in rows] == [False, False, None]
+    for row, previous in zip(rows[1:], persist):
+        # the wait was real: more than nothing, at most the previous persist's length
+        assert 0 < row["wait_s"] <= previous["duration_s"] + 0.05
+    long = _async_run(workdir, 3, out="long", checkpoint_folder=str(workdir / "ckpt2"))
+    rec = long.record()["async"]
+    assert [r["waited"] for r in rec["per_checkpoint"]] == [False, False, False]
+    assert rec["kept_up"] == rec["judged"] == 2
+    assert all(p["duration_s"] < 3 for p in long.record()["save"]["per_checkpoint"])
+    for run in (short, long):
+        for stats in run.rank_stats():
+            for b in stats["async_blocked"]:
+                assert b["staging_s"] > 0 and b["blocked_s"] == b["wait_s"] + b["staging_s"]
+                assert b["call_s"] >= b["blocked_s"]  # measured around the whole call
+        assert "[METRIC] Checkpoint persist duration" in run.stdout
+
+
+def test_async_peak_rss_is_staging_plus_the_usual_bound(workdir):
+    run = _async_run(workdir, 0)
+    staged = dcp_expected(2, [1], **SMALL)
+    for stats in run.rank_stats():
+        share = staged[f"step-1/__{stats['rank']}_0.distcp"]
+        assert stats["staging_bytes"] >= share
+        # the staging area is really resident, and nothing else grows
+        assert share < stats["peak_rss_bytes"] <= stats["buffer_bytes"] + 650 * MiB
+
+
+def test_async_staging_that_does_not_fit_is_refused_before_any_io(workdir):
+    # the real preset on 2 ranks: 48 GB of staging per rank on a 24 GiB machine
+    run = run_dlio(workdir, 2, PRESET, "++workload.checkpoint.async_mode=async")
+    assert run.returncode != 0
+    assert "workload.checkpoint.async_mode" in run.stderr and "async staging" in run.stderr
+    staging = 12 * plan.num_parameters(plan.ModelShape(32, 4096, 14336, 128256, 32, 8)) // 2 + 32 * MiB
+    assert f"async staging (the rank's whole checkpoint share) {staging / 2**30:.2f} GiB" in run.stderr
+    assert "GiB available" in run.stderr
+    assert not (workdir / "ckpt").exists() or not any((workdir / "ckpt").rglob("*"))
+    assert "[METRIC]" not in run.output
