@@ -1,10 +1,11 @@
 """One rank of the raw O_DIRECT reference for bench/local_bench.py (run under mpirun).
 
-Writes the given file sizes from pre-filled page-aligned buffers (os.write,
-O_DIRECT, the unaligned tail buffered, fsync before close) --writes times,
-then reads them back with O_DIRECT preadv --reads times, a barrier before
-each checkpoint as in the benchmark; prints one JSON line per rank: per
-checkpoint (start, end) and peak RSS.
+Writes the given file sizes from unique bytes generated before each checkpoint
+(raw_rank_common.Content; os.write of 32 MiB, O_DIRECT, the unaligned tail
+buffered, fsync before close) --writes times, then reads them back with
+O_DIRECT preadv, --read-in-flight requests of --read-size at a time (threads),
+--reads times, a barrier before each checkpoint as in the benchmark; prints
+one JSON line per rank: per checkpoint (start, end) and peak RSS.
 """
 from __future__ import annotations
 
@@ -12,18 +13,18 @@ import fcntl
 import mmap
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 from mpi4py import MPI
-from raw_rank_common import finish, parser
-
-PAGE = mmap.PAGESIZE
+from raw_rank_common import PAGE, Content, finish, parser
 
 
-def write_file(path: str, size: int, buf: mmap.mmap, chunk: int) -> None:
+def write_file(path: str, data: memoryview, chunk: int) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_DIRECT, 0o644)
-    view = memoryview(buf)
+    size = len(data)
     for off in range(0, size, chunk):
-        n = min(chunk, size - off)
+        view = data[off:off + chunk]
+        n = len(view)
         if n % PAGE:  # the unaligned tail goes through the page cache, as the engine does
             aligned = n - n % PAGE
             if aligned:
@@ -31,39 +32,50 @@ def write_file(path: str, size: int, buf: mmap.mmap, chunk: int) -> None:
             fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_DIRECT)
             os.write(fd, view[aligned:n])
         else:
-            os.write(fd, view[:n])
+            os.write(fd, view)
     os.fsync(fd)
     os.close(fd)
 
 
-def read_file(path: str, size: int, buf: mmap.mmap, chunk: int) -> None:
+def read_file(path: str, size: int, bufs: list[mmap.mmap], pool: ThreadPoolExecutor) -> None:
     fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
-    for off in range(0, size, chunk):
-        os.preadv(fd, [buf], off)
+    request = len(bufs[0])
+    offsets = list(range(0, size, request))
+    # one buffer per request in flight: request k uses buffer k mod depth
+    list(pool.map(lambda k: os.preadv(fd, [bufs[k % len(bufs)]], offsets[k]), range(len(offsets))))
     os.close(fd)
 
 
 def main() -> None:
     ap = parser("--dir", "directory on the disk to measure")
     ap.add_argument("--chunk", type=int, default=32 << 20)
+    ap.add_argument("--read-size", type=int, default=8 << 20)
+    ap.add_argument("--read-in-flight", type=int, default=16)
     args = ap.parse_args()
     comm = MPI.COMM_WORLD
     sizes = [int(s) for s in args.sizes.split(",")]
-    buf = mmap.mmap(-1, args.chunk)
-    buf.write(os.urandom(args.chunk))
+    content = Content(sizes)
+    bufs = [mmap.mmap(-1, args.read_size) for _ in range(args.read_in_flight)]
     out = {"rank": comm.rank, "save": [], "load": []}
 
     def name(step: int, i: int) -> str:
         os.makedirs(f"{args.dir}/step{step}", exist_ok=True)
         return f"{args.dir}/step{step}/rank{comm.rank}_{i}"
 
-    for phase, count, action in (("save", args.writes, write_file), ("load", args.reads, read_file)):
-        for step in range(1, count + 1):
+    for step in range(1, args.writes + 1):
+        content.refill(seed=step * 1000 + comm.rank)
+        comm.barrier()
+        t0 = time.time()
+        for i in range(len(sizes)):
+            write_file(name(step, i), content.file(i), args.chunk)
+        out["save"].append((t0, time.time()))
+    with ThreadPoolExecutor(args.read_in_flight) as pool:
+        for step in range(1, args.reads + 1):
             comm.barrier()
             t0 = time.time()
             for i, size in enumerate(sizes):
-                action(name(step, i), size, buf, args.chunk)
-            out[phase].append((t0, time.time()))
+                read_file(name(step, i), size, bufs, pool)
+            out["load"].append((t0, time.time()))
     finish(comm, out, args.writes, len(sizes), lambda step, i: os.unlink(name(step, i)))
 
 

@@ -11,13 +11,19 @@ in front of a local SeaweedFS) and each rank count:
 2. our defaults (`dlio_benchmark workload=llama3_tiny_checkpoint` scaled to
    --layers/--hidden, storage_type=s3, nothing else tuned) and that best raw
    configuration run in interleaved pairs (A B / B A, a warm-up pair first).
+3. raw s3dlio uploading a checkpoint's files at the same time against one
+   after the other (interleaved pairs): does overlapping files pay?
 Both are timed the same way: per checkpoint, a barrier, then the window from
 the first rank's start to the last rank's end; throughput = bytes / window.
-Prints per configuration the median ours/raw ratio for save and load and the
-peak RSS per rank of each.
+Prints per configuration the median ours/raw ratio for save and load, the
+overlap ratio and the peak RSS per rank of each. Raw ranks write unique bytes
+generated before each checkpoint, as ours (bench/raw_rank_common.Content).
 
     python bench/remote_bench.py --inventory 20000
 also measures the inventory of 20,000 small objects through the 10 ms link.
+
+    python bench/remote_bench.py --ranks 1 --ab "++workload.streaming.concurrent_files=1"
+compares our defaults with the same plus the overrides (interleaved pairs) instead.
 """
 from __future__ import annotations
 
@@ -65,13 +71,14 @@ def windows(per_rank: list[dict], phase: str, nbytes: int) -> float:
     return statistics.fmean(rates)
 
 
-def run_raw(args, env: dict, ranks: int, tag: str, write_in_flight: int, read_in_flight: int) -> dict:
+def run_raw(args, env: dict, ranks: int, tag: str, write_in_flight: int, read_in_flight: int,
+            concurrent_files: bool = False) -> dict:
     sizes = rank_sizes(args, ranks)
     cmd = mpirun(ranks) + [sys.executable, str(HERE / "raw_s3_rank.py"), "--root", f"s3://{BUCKET}/{tag}",
                            "--sizes", ",".join(map(str, sizes)), "--writes", str(args.writes),
                            "--reads", str(args.reads), "--write-in-flight", str(write_in_flight),
                            "--read-in-flight", str(read_in_flight), "--read-size", str(args.read_size)]
-    return raw_result(cmd, env, sizes, ranks)
+    return raw_result(cmd + (["--concurrent-files"] if concurrent_files else []), env, sizes, ranks)
 
 
 def raw_result(cmd: list[str], env: dict | None, sizes: list[int], ranks: int) -> dict:
@@ -85,14 +92,14 @@ def raw_result(cmd: list[str], env: dict | None, sizes: list[int], ranks: int) -
             "rss": max(r["peak_rss_bytes"] for r in per_rank)}
 
 
-def run_ours(args, env: dict, ranks: int, tag: str, workdir: Path) -> dict:
+def run_ours(args, env: dict, ranks: int, tag: str, workdir: Path, *extra: str) -> dict:
     out = workdir / tag
     cmd = mpirun(ranks) + [str(BIN / "dlio_benchmark"), "workload=llama3_tiny_checkpoint",
                            "++workload.storage.storage_type=s3", f"++workload.storage.storage_root=s3://{BUCKET}/{tag}",
                            "++workload.checkpoint.checkpoint_folder=c", f"++workload.output.folder={out}",
                            f"++workload.checkpoint.num_checkpoints_write={args.writes}",
                            f"++workload.checkpoint.num_checkpoints_read={args.reads}",
-                           "++workload.checkpoint.keep_files=False", *shape_overrides(args)]
+                           "++workload.checkpoint.keep_files=False", *shape_overrides(args), *extra]
     res = subprocess.run(cmd, env={**env, "TF_CPP_MIN_LOG_LEVEL": "3"}, cwd=workdir, capture_output=True, text=True)
     if res.returncode:
         sys.exit(f"our run failed:\n{res.stdout[-2000:]}\n{res.stderr[-2000:]}")
@@ -110,6 +117,17 @@ def compare(args, env: dict, ranks: int, workdir: Path, label: str) -> dict:
     best_r = max(sweep, key=lambda c: sweep[c]["load"])
     print(f"  raw sweep (requests in flight: save / load GiB/s): "
           + ", ".join(f"{c}: {v['save']:.3f} / {v['load']:.3f}" for c, v in sweep.items()), flush=True)
+    # Would overlapping a checkpoint's files pay (a file of few parts cannot fill
+    # the window)? Raw s3dlio, both files at once vs one after the other, in pairs.
+    overlap = []
+    for i in range(args.pairs):
+        pair = {}
+        for concurrent in ((False, True) if i % 2 == 0 else (True, False)):
+            pair[concurrent] = run_raw(args, env, ranks, f"overlap{next(n)}-{label}", best_w, best_r,
+                                       concurrent)["save"]
+        overlap.append(pair[True] / pair[False])
+    print(f"  raw save, files overlapped / one after the other at {best_w} parts in flight: "
+          f"{statistics.median(overlap):.3f} (pairs {[round(x, 3) for x in overlap]})", flush=True)
     ratios = {"save": [], "load": []}
     rss = {"ours": [], "raw": [], "buffers": 0}
     for i in range(args.pairs + 1):
@@ -127,8 +145,26 @@ def compare(args, env: dict, ranks: int, workdir: Path, label: str) -> dict:
         rss["raw"].append(got["raw"]["rss"])
         rss["buffers"] = got["ours"]["buffers"]
     return {"best_write_in_flight": best_w, "best_read_in_flight": best_r,
+            "overlapped_files_save_ratio": statistics.median(overlap), "raw_sweep": sweep,
             "save_ratio": statistics.median(ratios["save"]), "load_ratio": statistics.median(ratios["load"]),
             "ratios": ratios, "rss_ours": max(rss["ours"]), "rss_raw": max(rss["raw"]), "buffers": rss["buffers"]}
+
+
+def ours_ab(args, env: dict, ranks: int, workdir: Path, label: str) -> None:
+    """Our defaults against our defaults plus --ab's overrides, in interleaved pairs."""
+    extra = args.ab.split()
+    ratios = {"save": [], "load": []}
+    for i in range(args.pairs + 1):
+        got = {}
+        for variant in ((False, True) if i % 2 == 0 else (True, False)):
+            got[variant] = run_ours(args, env, ranks, f"ab{i}{int(variant)}-{label}", workdir,
+                                    *(extra if variant else []))
+        if i:
+            for phase in ratios:
+                ratios[phase].append(got[True][phase] / got[False][phase])
+    print(f"  ours with {args.ab} / ours: save {statistics.median(ratios['save']):.3f}, load "
+          f"{statistics.median(ratios['load']):.3f} (pairs {[round(x, 3) for x in ratios['save']]}, "
+          f"{[round(x, 3) for x in ratios['load']]})", flush=True)
 
 
 def inventory(args, env: dict) -> None:
@@ -173,6 +209,8 @@ def main() -> None:
     ap.add_argument("--sweep", default="4,8,16,32", help="raw requests in flight to try")
     ap.add_argument("--inventory", type=int, default=0, help="objects for the inventory measure (0: skip)")
     ap.add_argument("--json", help="also write the figures here")
+    ap.add_argument("--ab", help="instead of raw s3dlio, compare our defaults with these overrides added, e.g. "
+                                 "'++workload.streaming.concurrent_files=1'")
     ap.add_argument("--dir", help="scratch directory for the servers' data (default: a temporary one)")
     args = ap.parse_args()
     args.sweep = [int(x) for x in args.sweep.split(",")]
@@ -200,6 +238,9 @@ def main() -> None:
                 label = f"{link_text.replace(':', '_')}-{ranks}"
                 print(f"link {spec}, {ranks} rank(s), per-rank files {[s >> 20 for s in rank_sizes(args, ranks)]} MiB:",
                       flush=True)
+                if args.ab:
+                    ours_ab(args, env, ranks, workdir, label)
+                    continue
                 r = compare(args, env, ranks, workdir, label)
                 results[f"{link_text} x{ranks}"] = r
                 print(f"  ours / raw s3dlio (best: {r['best_write_in_flight']} parts, {r['best_read_in_flight']} GETs "

@@ -12,6 +12,18 @@ class Cancelled(Exception):
     """The run is ending (Ctrl-C, a failure elsewhere): stop the upload now."""
 
 
+def cancellable(progress: Optional[Callable[[int], None]], cancel: threading.Event) -> Callable[[int], None]:
+    """A progress callback that raises Cancelled once `cancel` is set: the
+    engine calls it after every chunk, so the writer then removes its partial
+    file or open upload."""
+    def update(nbytes: int) -> None:
+        if cancel.is_set():
+            raise Cancelled("the checkpoint was cancelled")
+        if progress:
+            progress(nbytes)
+    return update
+
+
 class BackgroundPersist:
     def __init__(self, on_error: Callable[[BaseException], None]) -> None:
         """on_error runs in the background thread when a persist fails: it must
@@ -20,6 +32,8 @@ class BackgroundPersist:
         self._thread: Optional[threading.Thread] = None
         self._error: Optional[BaseException] = None
         self._cancel = threading.Event()
+        #: the progress callback of the persisting writes (see cancellable)
+        self.check = cancellable(None, self._cancel)
 
     def start(self, work: Callable[[], None], name: str) -> None:
         if self._thread is not None and self._thread.is_alive():
@@ -50,12 +64,6 @@ class BackgroundPersist:
         if self._error is not None:
             raise self._error
         return running, waited
-
-    def check(self, nbytes: int = 0) -> None:
-        """A progress callback for the persisting writes: raises Cancelled once
-        cancel() was called, so the writer removes its partial file or upload."""
-        if self._cancel.is_set():
-            raise Cancelled("checkpoint persist cancelled")
 
     def cancel(self, timeout: float = 30.0) -> None:
         self._cancel.set()

@@ -9,8 +9,8 @@ from dlio_ckpt_ext import plan
 from dlio_ckpt_ext.config import RunConfig
 from typing import Callable, Optional
 
-from dlio_ckpt_ext.engine import (BufferPool, ContentSpec, FileStats, derive_seed, load_file, save_file,
-                                  write_from_memory)
+from dlio_ckpt_ext.engine import (BufferPool, ContentSpec, FileStats, PendingFile, derive_seed, load_file,
+                                  send_file, write_from_memory)
 from dlio_ckpt_ext.engine.buffers import PAGE
 from dlio_ckpt_ext.engine.staging import StagingArea, stage_file
 from dlio_ckpt_ext.engine.stream import Progress
@@ -101,6 +101,10 @@ class Checkpointer:
         out = {}
         if c.num_checkpoints_write:
             out["save"] = self.backend.write_concurrency(self.cfg.chunk_size)
+            if self.backend.lends_write_memory and self.cfg.concurrent_files > 1:
+                out["save"] = {**out["save"], "files_at_once": self.cfg.concurrent_files,
+                               "requests_in_flight": out["save"]["requests_in_flight"] * self.cfg.concurrent_files,
+                               "note": "per object; a file is closed after the next one's bytes were sent"}
         if c.num_checkpoints_read:
             out["load"] = {"requests_in_flight": self.cfg.read_parallelism, "request_bytes": self.cfg.read_size,
                            "note": "per file, at most one request per read_size piece of it"}
@@ -133,12 +137,31 @@ class Checkpointer:
         if self.rank_plan(self.rank).total_bytes or self.files(self.rank):
             self.backend.prepare(directory)
 
-    def _save_generated(self, directory: str, f: plan.ShardFile, progress: Progress) -> FileStats:
-        stats = save_file(self.backend, f"{directory}/{f.name}", f.size, self.content(directory, self.rank, f.name),
-                          self.write_buffers(), self.gen_threads, progress)
-        stats.gen_threads = self.gen_threads
-        self.threads.observe(stats.fill_s, stats.io_s + stats.close_s)
-        return stats
+    def _save_generated(self, directory: str, files: tuple[plan.ShardFile, ...], progress: Progress) -> list[FileStats]:
+        """Generate and write `files` in order. Where the storage lends each upload
+        its own memory (S3), a file is closed only once the next concurrent_files
+        - 1 files' bytes were sent, so its last parts upload while they start;
+        on any failure every file still open is aborted."""
+        at_once = self.cfg.concurrent_files if self.backend.lends_write_memory else 1
+        pending: list[tuple[PendingFile, int]] = []
+        saved = []
+        try:
+            for f in files:
+                threads = self.gen_threads
+                pending.append((send_file(self.backend, f"{directory}/{f.name}", f.size,
+                                          self.content(directory, self.rank, f.name), self.write_buffers(),
+                                          threads, progress), threads))
+                while len(pending) >= at_once or (pending and f is files[-1]):
+                    done, threads = pending.pop(0)
+                    stats = done.finish()
+                    stats.gen_threads = threads
+                    self.threads.observe(stats.fill_s, stats.io_s + stats.close_s)
+                    saved.append(stats)
+        except BaseException:
+            for open_file, _ in pending:
+                open_file.abort()
+            raise
+        return saved
 
     def _commit(self, directory: str, barrier: Optional[Callable[[], None]], progress: Progress) -> list[FileStats]:
         """DCP's commit: once every rank has finished its files, rank 0 writes
@@ -148,7 +171,7 @@ class Checkpointer:
             return []
         if barrier:
             barrier()
-        saved = [self._save_generated(directory, f, progress) for f in self.rank_plan(self.rank).commit_files]
+        saved = self._save_generated(directory, self.rank_plan(self.rank).commit_files, progress)
         if barrier:
             barrier()
         return saved
@@ -159,8 +182,8 @@ class Checkpointer:
         (every rank's) brackets the commit."""
         directory = self.directory(step, epoch)
         self._prepare(directory)
-        saved = [self._save_generated(directory, f, progress) for f in self.files(self.rank)]
-        return saved + self._commit(directory, barrier, progress)
+        return self._save_generated(directory, self.files(self.rank), progress) + \
+            self._commit(directory, barrier, progress)
 
     def stage(self, step: int, epoch: int = 1) -> dict:
         """Async mode, the part that blocks training: this rank's state copied

@@ -24,6 +24,11 @@ MiB = 1 << 20
 #: read requests in flight per rank when streaming.read_parallelism is 0, by storage type
 #: (measured: bench/remote_bench.py through an emulated remote link for s3, README)
 DEFAULT_READ_PARALLELISM = {"s3": 32, "local_fs": 16, "parallel_fs": 16}
+#: files of one checkpoint whose uploads a rank overlaps when streaming.concurrent_files
+#: is 0: one, as measured (bench/remote_bench.py --ab, README: 2 gained at one rank on
+#: one link and lost at four ranks); >1 needs a storage that lends its write memory
+#: (S3 parts), so overlapping files share no buffer pool
+DEFAULT_CONCURRENT_FILES = {"s3": 1, "local_fs": 1, "parallel_fs": 1}
 
 
 @dataclass
@@ -90,6 +95,10 @@ class StreamingConfig:
     # Defaults chosen by measurement (bench/remote_bench.py, README).
     read_size: str = "8MiB"     # bytes per read request; a multiple of 1 MiB
     read_parallelism: int = 0   # read requests in flight per rank; 0 = the storage's default below
+    # S3 only: a file is closed once the next concurrent_files - 1 files' bytes
+    # were sent, so its last parts upload while they start (a file of few parts
+    # cannot fill the upload window alone). 0 = the storage's default (1).
+    concurrent_files: int = 0
     verify: bool = False        # compare every byte read with the regenerated content
     seed: int = 0               # run seed; file seeds are hashed from it
     dedup_ratio: int = 1
@@ -128,6 +137,10 @@ class RunConfig:
         seekable = (st.dedup_ratio, st.compress_ratio) == (1, 1)
         chosen = st.read_parallelism or DEFAULT_READ_PARALLELISM[self.storage.storage_type]
         return chosen if seekable or not st.verify else 1
+
+    @property
+    def concurrent_files(self) -> int:
+        return self.streaming.concurrent_files or DEFAULT_CONCURRENT_FILES[self.storage.storage_type]
 
     @property
     def is_async(self) -> bool:
@@ -235,6 +248,13 @@ def load_config(workload: DictConfig | dict, comm_size: int) -> RunConfig:
     if isinstance(st.read_parallelism, bool) or st.read_parallelism < 0:
         raise ConfigError("workload.streaming.read_parallelism", st.read_parallelism,
                           "0 (the storage's default) or a positive integer")
+    if isinstance(st.concurrent_files, bool) or st.concurrent_files < 0:
+        raise ConfigError("workload.streaming.concurrent_files", st.concurrent_files,
+                          "0 (the storage's default) or a positive integer")
+    if st.concurrent_files > 1 and sto.storage_type != "s3":
+        raise ConfigError("workload.streaming.concurrent_files", st.concurrent_files,
+                          "1 (or 0) with storage_type " + sto.storage_type + ": files written at once would "
+                          "share one buffer pool; more than 1 is for s3")
     if st.pool_depth < 2:
         raise ConfigError("workload.streaming.pool_depth", st.pool_depth,
                           "at least 2 (one buffer filling while one is in I/O)")

@@ -50,8 +50,10 @@ def rank_buffers(cfg: RunConfig, comm_size: int = 1) -> list[tuple[str, object, 
         opts = structured(ObjectOptions, dict(cfg.storage.storage_options), prefix)
         part = parse_size(prefix + "part_size", opts.part_size)
         in_flight = opts.max_in_flight
-        # s3dlio holds up to max_in_flight parts plus the two being filled and sent
-        out.append(("workload.storage.storage_options.max_in_flight", in_flight, part * (in_flight + 2)))
+        # s3dlio holds up to max_in_flight parts plus the two being filled and sent,
+        # per object, for each object a rank uploads at once
+        out.append(("workload.storage.storage_options.max_in_flight", in_flight,
+                    part * (in_flight + 2) * cfg.concurrent_files))
     return out
 
 

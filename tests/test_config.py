@@ -34,6 +34,7 @@ def test_defaults_are_valid_and_sizes_parse():
     ({"model": {"transformer": {"hidden_size": -8}}}, "workload.model.transformer.hidden_size", "positive"),
     ({"streaming": {"chunk_size": "1000"}}, "workload.streaming.chunk_size", "multiple of 1 MiB"),
     ({"streaming": {"pool_depth": 1}}, "workload.streaming.pool_depth", "at least 2"),
+    ({"streaming": {"concurrent_files": 2}}, "workload.streaming.concurrent_files", "more than 1 is for s3"),
     ({"checkpoint": {"async_mode": "background"}}, "workload.checkpoint.async_mode", "disabled or async"),
     ({"checkpoint": {"layout": "fsdp"}}, "workload.checkpoint.layout", "deepspeed or dcp"),
     ({"checkpoint": {"layout": "dcp"}, "model": {"parallelism": {"tensor": 2}}},

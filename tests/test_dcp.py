@@ -67,6 +67,13 @@ def test_uneven_rows_follow_torch_chunk_and_only_rank_0_commits():
     assert [p.commit_files for p in plans[1:]] == [(), ()] and plans[0].commit_files[0].name == ".metadata"
 
 
+def test_subset_mode_writes_the_full_jobs_shards_of_the_ranks_that_run():
+    shape = plan.ModelShape(2, 64, 128, 100, 4, 2, "fp32", "fp32")
+    full = [plan.rank_plan(shape, plan.Parallelism(layout="dcp"), 8, r) for r in range(2)]
+    subset = [plan.rank_plan(shape, plan.Parallelism(data=8, mode="subset", layout="dcp"), 2, r) for r in range(2)]
+    assert subset == full  # the shards (and .metadata) of ranks 0 and 1 of an 8-rank job
+
+
 @pytest.mark.parametrize("par, key", [(plan.Parallelism(tensor=2, layout="dcp"), "model.parallelism.tensor"),
                                       (plan.Parallelism(layout="fsdp"), "checkpoint.layout")])
 def test_layouts_we_cannot_plan_are_refused_by_name(par, key):
@@ -149,6 +156,13 @@ def test_async_interval_shorter_than_persist_waits_longer_does_not(workdir):
                 assert b["staging_s"] > 0 and b["blocked_s"] == b["wait_s"] + b["staging_s"]
                 assert b["call_s"] >= b["blocked_s"]  # measured around the whole call
         assert "[METRIC] Checkpoint persist duration" in run.stdout
+        rec = run.record()["async"]
+        if not UPSTREAM:  # our summary.json on 2.0.0 carries the async fields; upstream's is DLIO's own
+            metric = run.dlio_summary()["metric"]
+            assert metric["checkpoint_save_blocked_mean_seconds"] == pytest.approx(rec["blocked_s"]["mean"])
+            assert metric["checkpoint_persist_kept_up"] == rec["kept_up"]
+        else:
+            assert "DLIO's own [METRIC] save lines time the save call" in run.stdout
 
 
 def test_async_peak_rss_is_staging_plus_the_usual_bound(workdir):
@@ -171,3 +185,15 @@ def test_async_staging_that_does_not_fit_is_refused_before_any_io(workdir):
     assert "GiB available" in run.stderr
     assert not (workdir / "ckpt").exists() or not any((workdir / "ckpt").rglob("*"))
     assert "[METRIC]" not in run.output
+
+
+def test_a_failing_background_persist_aborts_the_job_with_a_message(workdir):
+    # checkpoint 2's directory cannot be made: a file holds its name
+    (workdir / "ckpt").mkdir()
+    (workdir / "ckpt" / "step-2").write_text("in the way")
+    run = run_dlio(workdir, 2, PRESET, *SCALE, "++workload.checkpoint.async_mode=async",
+                   "++workload.checkpoint.num_checkpoints_write=3", "++workload.checkpoint.num_checkpoints_read=0",
+                   timeout=120)
+    assert run.returncode != 0
+    assert "checkpoint persist failed" in run.stderr and "step-2" in run.stderr
+    assert "[METRIC]" not in run.output and not (run.out / "ckpt_ext_summary.json").exists()

@@ -245,7 +245,7 @@ def test_empty_file_saves_and_loads(workdir, pool, mode):
 
 
 def test_io_time_of_overlapping_requests_is_their_wall_time_not_their_sum():
-    from dlio_ckpt_ext.engine.stream import _busy_seconds
+    from dlio_ckpt_ext.engine.profile import busy_seconds as _busy_seconds
     assert _busy_seconds([(0.0, 1.0), (0.5, 1.5), (0.2, 0.4), (3.0, 4.0)]) == pytest.approx(2.5)
     assert _busy_seconds([]) == 0.0
 

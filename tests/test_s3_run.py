@@ -14,6 +14,18 @@ S3 = ["++workload.storage.storage_type=s3", "++workload.checkpoint.num_checkpoin
       "++workload.checkpoint.num_checkpoints_read=1"]
 
 
+def assert_tiny_objects(s3, folder: str) -> None:
+    """Exactly the tiny preset's 2 checkpoints x 2 ranks x (model, optim), whole,
+    and no upload left open."""
+    model, optim = zero3_file_sizes(**TINY, ranks=2)
+    prefix = folder.split("/")[0] + "/"
+    listed = s3.client().list_objects_v2(Bucket=BUCKET, Prefix=prefix)["Contents"]
+    assert {o["Key"]: o["Size"] for o in listed} == {
+        f"{folder}/global_epoch1_step{s}/zero_pp_rank_{r}_mp_rank_00_{kind}_states.pt": size
+        for s in (1, 2) for r in (0, 1) for kind, size in (("model", model), ("optim", optim))}
+    assert s3.client().list_multipart_uploads(Bucket=BUCKET, Prefix=prefix).get("Uploads", []) == []
+
+
 def test_tiny_preset_on_s3_every_object_present_with_exact_size(s3, workdir):
     # credentials through storage_options this time: they must not leak into any output
     env = {k: v for k, v in s3.env().items() if k != "AWS_SECRET_ACCESS_KEY"}
@@ -22,12 +34,7 @@ def test_tiny_preset_on_s3_every_object_present_with_exact_size(s3, workdir):
                    f"++workload.storage.storage_options.secret_access_key={SECRET_KEY}",
                    env={**env, "AWS_SECRET_ACCESS_KEY": ""}, checkpoint_folder="tiny")
     assert run.returncode == 0, run.stderr[-3000:]
-    model, optim = zero3_file_sizes(**TINY, ranks=2)
-    listed = s3.client().list_objects_v2(Bucket=BUCKET, Prefix="e2e/")["Contents"]
-    assert {o["Key"]: o["Size"] for o in listed} == {
-        f"e2e/tiny/global_epoch1_step{s}/zero_pp_rank_{r}_mp_rank_00_{kind}_states.pt": size
-        for s in (1, 2) for r in (0, 1) for kind, size in (("model", model), ("optim", optim))}
-    assert s3.client().list_multipart_uploads(Bucket=BUCKET).get("Uploads", []) == []
+    assert_tiny_objects(s3, "e2e/tiny")
     assert "[INFO] inventory: 8 files present, 8 expected, sizes match" in run.stdout
     summary = run.record()
     assert summary["inventory"]["ok"] and summary["storage"]["scheme"] == "s3"
@@ -150,3 +157,18 @@ def test_a_run_through_the_emulated_remote_link(tmp_path, workdir):
         assert "requests in flight           32 x 8 MiB per rank" in run.stdout
     finally:
         server.stop()
+
+
+def test_overlapping_uploads_store_every_object_whole_and_verify(s3, workdir):
+    run = run_dlio(workdir, 2, "llama3_tiny_checkpoint", *S3, "++workload.streaming.verify=True",
+                   "++workload.streaming.concurrent_files=2", f"++workload.storage.storage_root=s3://{BUCKET}/overlap",
+                   env=s3.env(), checkpoint_folder="o")
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert_tiny_objects(s3, "overlap/o")
+    save = run.record()["concurrency"]["save"]
+    assert save["files_at_once"] == 2 and save["requests_in_flight"] == 14
+    # the first file of each checkpoint was closed only after the second's bytes were sent
+    for stats in run.rank_stats():
+        for rec in stats["phases"]["save"]:
+            first, second = rec["files"]
+            assert first["end"] >= second["chunks"][-1][6]

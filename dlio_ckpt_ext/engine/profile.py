@@ -34,11 +34,22 @@ class FileStats:
         return asdict(self)
 
 
+def busy_seconds(spans: list[tuple[float, float]]) -> float:
+    """Wall time covered by at least one of the (start, end) spans."""
+    total, reach = 0.0, float("-inf")
+    for start, end in sorted(spans):
+        if end > reach:
+            total += end - max(start, reach)
+            reach = end
+    return total
+
+
 def phase_totals(files: list[FileStats]) -> dict:
     """Sums one rank contributes to the generation-vs-I/O report of a phase."""
     return {"bytes": sum(f.nbytes for f in files), "fill_s": sum(f.fill_s for f in files),
             "io_s": sum(f.io_s + f.close_s for f in files), "close_s": sum(f.close_s for f in files),
-            "wall_s": sum(f.elapsed for f in files),
+            # files whose lifetimes overlap (S3: closed after the next was sent) count once
+            "wall_s": busy_seconds([(f.start, f.end) for f in files]),
             "chunks_fill_bound": sum(f.chunks_fill_bound for f in files),
             "chunks_io_bound": sum(f.chunks_io_bound for f in files),
             "wait_free_s": sum(f.wait_free_s for f in files),

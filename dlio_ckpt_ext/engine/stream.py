@@ -12,7 +12,7 @@ from dlio_ckpt_ext.engine import pipeline
 from dlio_ckpt_ext.engine.buffers import BufferPool
 from dlio_ckpt_ext.engine.content import ContentSpec, generator
 from dlio_ckpt_ext.engine.pipeline import Chunk
-from dlio_ckpt_ext.engine.profile import FileStats
+from dlio_ckpt_ext.engine.profile import FileStats, busy_seconds
 from dlio_ckpt_ext.errors import VerificationError
 from dlio_ckpt_ext.storage.base import Backend, Writer
 
@@ -45,16 +45,6 @@ def _fill_exact(gen, view: memoryview, offset: int, where: str) -> None:
         raise RuntimeError(f"dgen-py filled {got} bytes instead of {n} at offset {offset} of {where}")
 
 
-def _busy_seconds(spans: list[tuple[float, float]]) -> float:
-    """Wall time covered by at least one of the (start, end) spans."""
-    total, reach = 0.0, float("-inf")
-    for start, end in sorted(spans):
-        if end > reach:
-            total += end - max(start, reach)
-            reach = end
-    return total
-
-
 def _record(stats: FileStats, chunks: list[Chunk], fill_stage: Optional[str],
             background_io_s: float = 0.0) -> None:
     """Fold chunk timings into stats; fill_stage names the pipeline stage that
@@ -75,7 +65,7 @@ def _record(stats: FileStats, chunks: list[Chunk], fill_stage: Optional[str],
             fill, io, io_end = (c.consume_s if fill_stage else 0.0), c.produce_s, c.produced_at
         timed.append((c, fill, io, (io_end - io, io_end)))
     requests_s = sum(io for _, _, io, _ in timed)
-    busy_s = _busy_seconds([span for _, _, _, span in timed])
+    busy_s = busy_seconds([span for _, _, _, span in timed])
     overlap = busy_s / requests_s if requests_s > 0 else 1.0
     share = background_io_s / len(chunks) if chunks else 0.0
     stats.io_s += busy_s
@@ -130,71 +120,96 @@ def _fill_in_place(writer: Writer, gen, size: int, chunk: int, progress: Progres
     return chunks
 
 
-def save_file(backend: Backend, path: str, size: int, content: ContentSpec, pool: BufferPool,
-              gen_threads: int = 1, progress: Progress = None) -> FileStats:
-    """Generate `size` bytes of `content` and write them to `path`.
+class PendingFile:
+    """A file whose bytes have all been handed to its writer but not yet closed.
 
-    On any failure the partial file is removed (Writer.abort) before the
-    error propagates.
-    """
+    With lent-memory uploads (S3) the last parts of a file are still in flight
+    when its bytes are sent; closing it only after the next file's bytes were
+    sent keeps the upload window full across the file boundary (a file of few
+    parts cannot fill it alone). finish() closes, abort() removes it."""
+
+    def __init__(self, stats: FileStats, chunks: list[Chunk], writer: Writer, fill_stage: Optional[str]) -> None:
+        self.stats, self.chunks, self.writer, self.fill_stage = stats, chunks, writer, fill_stage
+
+    def finish(self) -> FileStats:
+        t0 = time.perf_counter()
+        try:
+            self.writer.close()
+        except BaseException:
+            self.writer.abort()
+            raise
+        self.stats.close_s = time.perf_counter() - t0
+        self.stats.end = time.time()
+        # Lent-memory uploads run behind commit() and are waited for in close().
+        _record(self.stats, self.chunks, self.fill_stage, self.stats.close_s if self.writer.zero_copy else 0.0)
+        return self.stats
+
+    def abort(self) -> None:
+        self.writer.abort()
+
+
+def _send(backend: Backend, path: str, size: int, send: Callable[[Writer], list[Chunk]],
+          fill_stage: Optional[str]) -> PendingFile:
+    """Open a writer and let send() hand it the bytes; on any failure the
+    partial file or upload is removed (Writer.abort) before the error propagates."""
     stats = FileStats(name=path, nbytes=size, start=time.time())
     writer: Optional[Writer] = None
     try:
         writer = backend.open_writer(path, size)
-        gen = generator(content, size, threads=gen_threads, chunk_size=pool.buffer_size) if size else None
-
-        def fill(buf: memoryview, offset: int, n: int) -> None:
-            _fill_exact(gen, buf[:n], offset, backend.uri(path))
-
-        if writer.zero_copy and size:
-            chunks = _fill_in_place(writer, gen, size, pool.buffer_size, progress, backend.uri(path))
-        else:
-            def write(c: Chunk) -> None:
-                writer.write(c.buffer[:c.nbytes])
-                if progress:
-                    progress(c.nbytes)
-            chunks = pipeline.run(pool, [_sequential(0, size, pool.buffer_size, fill)], write)
-        t0 = time.perf_counter()
-        writer.close()
-        stats.close_s = time.perf_counter() - t0
+        chunks = send(writer)
     except BaseException:
         if writer is not None:
             writer.abort()
         raise
-    stats.end = time.time()
-    # Lent-memory uploads run behind commit() and are waited for in close().
-    _record(stats, chunks, "producer", stats.close_s if writer.zero_copy else 0.0)
-    return stats
+    return PendingFile(stats, chunks, writer, fill_stage)
+
+
+def send_file(backend: Backend, path: str, size: int, content: ContentSpec, pool: BufferPool,
+              gen_threads: int = 1, progress: Progress = None) -> PendingFile:
+    """Generate `size` bytes of `content` and hand them to a writer of `path`;
+    the caller closes it (PendingFile.finish)."""
+    where = backend.uri(path)
+
+    def send(writer: Writer) -> list[Chunk]:
+        if not size:
+            return []
+        gen = generator(content, size, threads=gen_threads, chunk_size=pool.buffer_size)
+        if writer.zero_copy:
+            return _fill_in_place(writer, gen, size, pool.buffer_size, progress, where)
+
+        def fill(buf: memoryview, offset: int, n: int) -> None:
+            _fill_exact(gen, buf[:n], offset, where)
+
+        def write(c: Chunk) -> None:
+            writer.write(c.buffer[:c.nbytes])
+            if progress:
+                progress(c.nbytes)
+        return pipeline.run(pool, [_sequential(0, size, pool.buffer_size, fill)], write)
+    return _send(backend, path, size, send, "producer")
+
+
+def save_file(backend: Backend, path: str, size: int, content: ContentSpec, pool: BufferPool,
+              gen_threads: int = 1, progress: Progress = None) -> FileStats:
+    """Generate `size` bytes of `content` and write them to `path`."""
+    return send_file(backend, path, size, content, pool, gen_threads, progress).finish()
 
 
 def write_from_memory(backend: Backend, path: str, data: memoryview, chunk: int,
                       progress: Progress = None) -> FileStats:
     """Write bytes already in memory (an async checkpoint's staging area) to
     `path` in chunk-sized requests; nothing is generated, so every second is
-    storage time. On failure the partial file is removed, as in save_file."""
-    size = len(data)
-    stats = FileStats(name=path, nbytes=size, start=time.time())
-    writer: Optional[Writer] = None
-    chunks = []
-    try:
-        writer = backend.open_writer(path, size)
-        for offset in range(0, size, chunk):
-            n = min(chunk, size - offset)
+    storage time."""
+    def send(writer: Writer) -> list[Chunk]:
+        chunks = []
+        for offset in range(0, len(data), chunk):
+            n = min(chunk, len(data) - offset)
             t0 = time.perf_counter()
             writer.write(data[offset:offset + n])
             chunks.append(Chunk(offset, n, produce_s=time.perf_counter() - t0, produced_at=time.time()))
             if progress:
                 progress(n)
-        t0 = time.perf_counter()
-        writer.close()
-        stats.close_s = time.perf_counter() - t0
-    except BaseException:
-        if writer is not None:
-            writer.abort()
-        raise
-    stats.end = time.time()
-    _record(stats, chunks, None)
-    return stats
+        return chunks
+    return _send(backend, path, len(data), send, None).finish()
 
 
 def _ranges(size: int, chunk: int, parallelism: int) -> list[tuple[int, int]]:
