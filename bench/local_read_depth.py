@@ -1,8 +1,9 @@
 """O_DIRECT reads of one 2 GiB file with 1 to 16 requests in flight, of 8 or
 32 MiB each, interleaved rounds: does a local disk gain from more than one
-read in flight per rank?
+read in flight per rank? With --writes, the same question for O_DIRECT writes
+(pwrite of unique bytes from threads over contiguous ranges, fsync at the end).
 
-    python bench/local_read_depth.py DIR [--rounds 3]
+    python bench/local_read_depth.py DIR [--rounds 3] [--writes]
 """
 from __future__ import annotations
 
@@ -10,8 +11,13 @@ import argparse
 import mmap
 import os
 import statistics
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from raw_rank_common import Content  # noqa: E402
 
 SIZE = 2 << 30
 CASES = [(32 << 20, 1), (8 << 20, 1), (8 << 20, 2), (8 << 20, 4), (8 << 20, 8), (8 << 20, 16), (32 << 20, 4)]
@@ -48,11 +54,50 @@ def read_rate(path: str, request: int, in_flight: int) -> float:
     return SIZE / 2**30 / seconds
 
 
+WRITE_CASES = [(32 << 20, 1), (32 << 20, 2), (32 << 20, 4), (8 << 20, 4), (8 << 20, 16)]
+
+
+def write_rate(path: str, data: memoryview, request: int, in_flight: int) -> float:
+    """GiB/s writing data to a new file, in_flight threads over contiguous ranges."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_DIRECT, 0o644)
+    offsets = list(range(0, len(data), request))
+    per = -(-len(offsets) // in_flight)
+
+    def writer(i: int) -> None:
+        for off in offsets[i * per:(i + 1) * per]:
+            os.pwrite(fd, data[off:off + request], off)
+
+    t0 = time.time()
+    with ThreadPoolExecutor(in_flight) as pool:
+        list(pool.map(writer, range(in_flight)))
+    os.fsync(fd)
+    seconds = time.time() - t0
+    os.close(fd)
+    os.unlink(path)
+    return len(data) / 2**30 / seconds
+
+
+def writes(args) -> None:
+    content = Content([SIZE // 2])
+    rates: dict[tuple[int, int], list[float]] = {c: [] for c in WRITE_CASES}
+    for r in range(args.rounds):
+        for i, case in enumerate(WRITE_CASES if r % 2 == 0 else WRITE_CASES[::-1]):
+            content.refill(seed=r * 100 + i)  # unique bytes each time: this disk writes repeats slower
+            rates[case].append(write_rate(os.path.join(args.dir, "write_depth.bin"), content.file(0), *case))
+    for (request, in_flight), values in rates.items():
+        print(f"O_DIRECT write, {request >> 20} MiB x {in_flight} in flight: median {statistics.median(values):.2f} "
+              f"GiB/s {[round(v, 2) for v in values]}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("dir")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--writes", action="store_true", help="measure writes (1 GiB file) instead of reads")
     args = ap.parse_args()
+    if args.writes:
+        writes(args)
+        return
     path = os.path.join(args.dir, "read_depth.bin")
     prepare(path)
     rates: dict[tuple[int, int], list[float]] = {c: [] for c in CASES}
