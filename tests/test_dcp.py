@@ -1,5 +1,7 @@
 """torch.distributed.checkpoint layout and async save (torchtitan), end to end
 through dlio_benchmark on either DLIO, local and on a real S3 server."""
+import re
+
 import pytest
 
 from conftest import BUCKET
@@ -125,7 +127,8 @@ def test_dcp_layout_two_ranks_sync_and_async(request, workdir, mode, where):
     assert sorted(loaded) == sorted([f"step-{s}/.metadata" for s in (1, 2)] * 2
                                     + [f"step-{s}/__{r}_0.distcp" for s in (1, 2) for r in (0, 1)])
     assert ("async" in rec) == (mode == "async")
-    assert "[METRIC] Checkpoint save blocked duration" in run.stdout if mode == "async" else True
+    if mode == "async":
+        assert "[METRIC] Checkpoint save blocked duration" in run.stdout
 
 
 def _async_run(workdir, interval, **kw):
@@ -166,13 +169,22 @@ def test_async_interval_shorter_than_persist_waits_longer_does_not(workdir):
 
 
 def test_async_peak_rss_is_staging_plus_the_usual_bound(workdir):
-    run = _async_run(workdir, 0)
+    """An async run's peak RSS is a synchronous run's (same settings, same
+    environment) plus the staging area and the chunk its content is generated
+    into: measured both ways, so the process's own size (DLIO, TensorFlow, ...)
+    cancels out."""
+    sync = run_dlio(workdir, 2, PRESET, *SCALE, "++workload.checkpoint.num_checkpoints_write=3",
+                    "++workload.checkpoint.num_checkpoints_read=0", out="sync", checkpoint_folder=str(workdir / "c1"))
+    assert sync.returncode == 0, sync.stderr[-3000:]
+    run = _async_run(workdir, 0, out="async", checkpoint_folder=str(workdir / "c2"))
     staged = dcp_expected(2, [1], **SMALL)
+    baseline = {s["rank"]: s["peak_rss_bytes"] for s in sync.rank_stats()}
     for stats in run.rank_stats():
         share = staged[f"step-1/__{stats['rank']}_0.distcp"]
         assert stats["staging_bytes"] >= share
-        # the staging area is really resident, and nothing else grows
-        assert share < stats["peak_rss_bytes"] <= stats["buffer_bytes"] + 650 * MiB
+        grown = stats["peak_rss_bytes"] - baseline[stats["rank"]]
+        # the staging area is really resident, and little else grows (the source chunk, a thread)
+        assert 0.9 * share < grown <= stats["staging_bytes"] + 32 * MiB + 64 * MiB
 
 
 def test_async_staging_that_does_not_fit_is_refused_before_any_io(workdir):
@@ -184,7 +196,7 @@ def test_async_staging_that_does_not_fit_is_refused_before_any_io(workdir):
     assert f"async staging (the rank's whole checkpoint share) {staging / 2**30:.2f} GiB" in run.stderr
     assert "GiB available" in run.stderr
     assert not (workdir / "ckpt").exists() or not any((workdir / "ckpt").rglob("*"))
-    assert "[METRIC]" not in run.output
+    assert not re.search(r"^\[METRIC\] Checkpoint", run.output, re.M)
 
 
 def test_a_failing_background_persist_aborts_the_job_with_a_message(workdir):
@@ -196,4 +208,5 @@ def test_a_failing_background_persist_aborts_the_job_with_a_message(workdir):
                    timeout=120)
     assert run.returncode != 0
     assert "checkpoint persist failed" in run.stderr and "step-2" in run.stderr
-    assert "[METRIC]" not in run.output and not (run.out / "ckpt_ext_summary.json").exists()
+    assert not re.search(r"^\[METRIC\] Checkpoint", run.output, re.M)
+    assert not (run.out / "ckpt_ext_summary.json").exists()
