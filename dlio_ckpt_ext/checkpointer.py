@@ -5,10 +5,10 @@ it can be tested and benchmarked on its own.
 """
 from __future__ import annotations
 
-from dlio_ckpt_ext import plan
-from dlio_ckpt_ext.config import RunConfig
 from typing import Callable, Optional
 
+from dlio_ckpt_ext import plan
+from dlio_ckpt_ext.config import RunConfig
 from dlio_ckpt_ext.engine import (BufferPool, ContentSpec, FileStats, PendingFile, derive_seed, load_file,
                                   send_file, write_from_memory)
 from dlio_ckpt_ext.engine.buffers import PAGE

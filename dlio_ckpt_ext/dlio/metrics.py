@@ -37,11 +37,12 @@ def mean_std(values: list[float]) -> tuple[float, float]:
     return statistics.fmean(values), statistics.pstdev(values)
 
 
-def metric_lines(phase: str, windows: list[dict]) -> list[str]:
+def metric_lines(phase: str, windows: list[dict], label: str = "[METRIC]") -> list[str]:
+    """label: "[METRIC]", or another prefix where DLIO prints the [METRIC] lines itself."""
     d_mean, d_std = mean_std([w["duration_s"] for w in windows])
     t_mean, t_std = mean_std([w["throughput_gib_s"] for w in windows])
-    return [f"[METRIC] Checkpoint {phase} duration (seconds): {d_mean:.4f} (\u00b1{d_std:.4f})",
-            f"[METRIC] Checkpoint {phase} I/O Throughput (GiB/second): {t_mean:.4f} (\u00b1{t_std:.4f})"]
+    return [f"{label} Checkpoint {phase} duration (seconds): {d_mean:.4f} (\u00b1{d_std:.4f})",
+            f"{label} Checkpoint {phase} I/O Throughput (GiB/second): {t_mean:.4f} (\u00b1{t_std:.4f})"]
 
 
 def results_block(phase: str, report: dict, cache_method: str = "", concurrency: dict | None = None) -> list[str]:

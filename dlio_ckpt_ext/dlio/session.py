@@ -316,20 +316,13 @@ class CheckpointSession:
         if self.rank != 0:
             return
         reports = {p: phase_report([g[p] for g in gathered]) for p in PHASES}
-        lines = []
-        if not self.dlio_reports_metrics:
-            for phase in PHASES:
-                if self.windows[phase]:
-                    lines += metrics.metric_lines(phase, self.windows[phase])
-        else:
-            for phase in PHASES:
-                if self.windows[phase]:
-                    lines += [line.replace("[METRIC]", "[INFO] global window:")
-                              for line in metrics.metric_lines(phase, self.windows[phase])]
+        # where DLIO prints the [METRIC] lines itself, ours would repeat them under another label
+        label = "[INFO] global window:" if self.dlio_reports_metrics else "[METRIC]"
+        lines = [line for phase in PHASES if self.windows[phase]
+                 for line in metrics.metric_lines(phase, self.windows[phase], label)]
         if self.async_summary is not None:
-            lines += [line.replace("Checkpoint save duration", "Checkpoint persist duration")
-                      .replace("Checkpoint save I/O", "Checkpoint persist I/O")
-                      for line in metrics.metric_lines("save", self.windows["save"])]
+            # the persist windows are the save windows; named apart for async readers
+            lines += metrics.metric_lines("persist", self.windows["save"])
             lines += metrics.async_lines(self.async_summary, self.config.checkpoint.time_between_checkpoints)
         backend = self.checkpointer.backend
         concurrency = self.checkpointer.concurrency()
