@@ -12,11 +12,10 @@ from __future__ import annotations
 import fcntl
 import mmap
 import os
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 from mpi4py import MPI
-from raw_rank_common import PAGE, Content, finish, parser
+from raw_rank_common import PAGE, Content, finish, parser, timed
 
 
 def write_file(path: str, data: memoryview, chunk: int) -> None:
@@ -62,20 +61,17 @@ def main() -> None:
         os.makedirs(f"{args.dir}/step{step}", exist_ok=True)
         return f"{args.dir}/step{step}/rank{comm.rank}_{i}"
 
-    for step in range(1, args.writes + 1):
-        content.refill(seed=step * 1000 + comm.rank)
-        comm.barrier()
-        t0 = time.time()
+    def save(step: int) -> None:
         for i in range(len(sizes)):
             write_file(name(step, i), content.file(i), args.chunk)
-        out["save"].append((t0, time.time()))
+
+    def load(step: int) -> None:
+        for i, size in enumerate(sizes):
+            read_file(name(step, i), size, bufs, pool)
+
+    out["save"] = timed(comm, args.writes, save, lambda step: content.refill(seed=step * 1000 + comm.rank))
     with ThreadPoolExecutor(args.read_in_flight) as pool:
-        for step in range(1, args.reads + 1):
-            comm.barrier()
-            t0 = time.time()
-            for i, size in enumerate(sizes):
-                read_file(name(step, i), size, bufs, pool)
-            out["load"].append((t0, time.time()))
+        out["load"] = timed(comm, args.reads, load)
     finish(comm, out, args.writes, len(sizes), lambda step, i: os.unlink(name(step, i)))
 
 

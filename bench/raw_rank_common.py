@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 import mmap
+import time
 from typing import Callable
 
 import dgen_py
@@ -47,6 +48,20 @@ def parser(target: str, target_help: str) -> argparse.ArgumentParser:
     ap.add_argument("--writes", type=int, default=2)
     ap.add_argument("--reads", type=int, default=2)
     return ap
+
+
+def timed(comm, count: int, checkpoint: Callable[[int], None],
+          prepare: Callable[[int], None] = lambda step: None) -> list[tuple[float, float]]:
+    """Per checkpoint 1..count: prepare(step) untimed, a barrier, then the
+    checkpoint timed on this rank: (start, end) each, as the benchmark times."""
+    spans = []
+    for step in range(1, count + 1):
+        prepare(step)
+        comm.barrier()
+        t0 = time.time()
+        checkpoint(step)
+        spans.append((t0, time.time()))
+    return spans
 
 
 def hwm() -> int:

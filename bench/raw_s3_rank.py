@@ -9,12 +9,11 @@ checkpoint as in the benchmark; prints one JSON line per rank: per checkpoint
 """
 from __future__ import annotations
 
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import s3dlio
 from mpi4py import MPI
-from raw_rank_common import Content, finish, parser
+from raw_rank_common import Content, finish, parser, timed
 
 
 def main() -> None:
@@ -34,10 +33,7 @@ def main() -> None:
     def name(step: int, i: int) -> str:
         return f"{args.root}/step{step}/rank{comm.rank}_{i}"
 
-    for step in range(1, args.writes + 1):
-        content.refill(seed=step * 1000 + comm.rank)
-        comm.barrier()
-        t0 = time.time()
+    def save(step: int) -> None:
         def upload(i: int) -> None:
             w = s3dlio.MultipartUploadWriter.from_uri(name(step, i), part_size=args.part_size,
                                                       max_in_flight=args.write_in_flight)
@@ -51,18 +47,17 @@ def main() -> None:
         else:
             for i in range(len(sizes)):
                 upload(i)
-        out["save"].append((t0, time.time()))
+
+    def load(step: int) -> None:
+        for i, size in enumerate(sizes):
+            uri = name(step, i)
+            offsets = range(0, size, args.read_size)
+            got = sum(pool.map(lambda o: len(s3dlio.get_range(uri, o, min(args.read_size, size - o))), offsets))
+            assert got == size, (uri, got, size)
+
+    out["save"] = timed(comm, args.writes, save, lambda step: content.refill(seed=step * 1000 + comm.rank))
     with ThreadPoolExecutor(args.read_in_flight) as pool:
-        for step in range(1, args.reads + 1):
-            comm.barrier()
-            t0 = time.time()
-            for i, size in enumerate(sizes):
-                uri = name(step, i)
-                offsets = range(0, size, args.read_size)
-                got = sum(pool.map(lambda o: len(s3dlio.get_range(uri, o, min(args.read_size, size - o))),
-                                   offsets))
-                assert got == size, (uri, got, size)
-            out["load"].append((t0, time.time()))
+        out["load"] = timed(comm, args.reads, load)
     finish(comm, out, args.writes, len(sizes), lambda step, i: s3dlio.delete(name(step, i)))
 
 
