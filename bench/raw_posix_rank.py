@@ -15,7 +15,7 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 
 from mpi4py import MPI
-from raw_rank_common import PAGE, Content, finish, parser, timed
+from raw_rank_common import PAGE, Content, parser, run
 
 
 def write_file(path: str, data: memoryview, chunk: int) -> None:
@@ -55,7 +55,6 @@ def main() -> None:
     sizes = [int(s) for s in args.sizes.split(",")]
     content = Content(sizes)
     bufs = [mmap.mmap(-1, args.read_size) for _ in range(args.read_in_flight)]
-    out = {"rank": comm.rank, "save": [], "load": []}
 
     def name(step: int, i: int) -> str:
         os.makedirs(f"{args.dir}/step{step}", exist_ok=True)
@@ -65,15 +64,11 @@ def main() -> None:
         for i in range(len(sizes)):
             write_file(name(step, i), content.file(i), args.chunk)
 
-    def load(step: int) -> None:
+    def load(step: int, pool: ThreadPoolExecutor) -> None:
         for i, size in enumerate(sizes):
             read_file(name(step, i), size, bufs, pool)
 
-    out["save"] = timed(comm, args.writes, save, lambda step: content.refill(seed=step * 1000 + comm.rank))
-    with ThreadPoolExecutor(args.read_in_flight) as pool:
-        out["load"] = timed(comm, args.reads, load)
-    finish(comm, out, args.writes, len(sizes), lambda step, i: os.unlink(name(step, i)))
-
+    run(comm, args, content, save, load, lambda step, i: os.unlink(name(step, i)))
 
 if __name__ == "__main__":
     main()

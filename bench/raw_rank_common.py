@@ -5,6 +5,7 @@ import argparse
 import json
 import mmap
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
 import dgen_py
@@ -77,3 +78,14 @@ def finish(comm, out: dict, writes: int, count: int, delete: Callable[[int, int]
             delete(step, i)
     out["peak_rss_bytes"] = hwm()
     print(json.dumps(out), flush=True)
+
+
+def run(comm, args, content: Content, save: Callable[[int], None],
+        load: Callable[[int, ThreadPoolExecutor], None], delete: Callable[[int, int], None]) -> None:
+    """The whole raw rank: --writes saves (content regenerated before each,
+    untimed), --reads loads with a pool of --read-in-flight threads, then finish."""
+    out = {"rank": comm.rank,
+           "save": timed(comm, args.writes, save, lambda step: content.refill(seed=step * 1000 + comm.rank))}
+    with ThreadPoolExecutor(args.read_in_flight) as pool:
+        out["load"] = timed(comm, args.reads, lambda step: load(step, pool))
+    finish(comm, out, args.writes, len(content.offsets), delete)

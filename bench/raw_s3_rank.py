@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import s3dlio
 from mpi4py import MPI
-from raw_rank_common import Content, finish, parser, timed
+from raw_rank_common import Content, parser, run
 
 
 def main() -> None:
@@ -28,7 +28,6 @@ def main() -> None:
     comm = MPI.COMM_WORLD
     sizes = [int(s) for s in args.sizes.split(",")]
     content = Content(sizes)
-    out = {"rank": comm.rank, "save": [], "load": []}
 
     def name(step: int, i: int) -> str:
         return f"{args.root}/step{step}/rank{comm.rank}_{i}"
@@ -48,18 +47,14 @@ def main() -> None:
             for i in range(len(sizes)):
                 upload(i)
 
-    def load(step: int) -> None:
+    def load(step: int, pool: ThreadPoolExecutor) -> None:
         for i, size in enumerate(sizes):
             uri = name(step, i)
             offsets = range(0, size, args.read_size)
             got = sum(pool.map(lambda o: len(s3dlio.get_range(uri, o, min(args.read_size, size - o))), offsets))
             assert got == size, (uri, got, size)
 
-    out["save"] = timed(comm, args.writes, save, lambda step: content.refill(seed=step * 1000 + comm.rank))
-    with ThreadPoolExecutor(args.read_in_flight) as pool:
-        out["load"] = timed(comm, args.reads, load)
-    finish(comm, out, args.writes, len(sizes), lambda step, i: s3dlio.delete(name(step, i)))
-
+    run(comm, args, content, save, load, lambda step, i: s3dlio.delete(name(step, i)))
 
 if __name__ == "__main__":
     main()
