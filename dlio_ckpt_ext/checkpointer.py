@@ -31,6 +31,7 @@ class Checkpointer:
         self.pool: BufferPool | None = None
         self.read_pool: BufferPool | None = None
         self.staging: StagingArea | None = None
+        self._plans: dict[int, plan.RankPlan] = {}
         #: async mode: generation seconds of each file at its last staging
         self.staged_fill_s: dict[str, float] = {}
 
@@ -63,7 +64,10 @@ class Checkpointer:
 
     # -- plan -------------------------------------------------------------
     def rank_plan(self, rank: int) -> plan.RankPlan:
-        return plan.rank_plan(self.cfg.shape, self.cfg.parallelism, self.comm_size, rank)
+        # kept: the inventory asks for every rank's plan once per checkpoint
+        if rank not in self._plans:
+            self._plans[rank] = plan.rank_plan(self.cfg.shape, self.cfg.parallelism, self.comm_size, rank)
+        return self._plans[rank]
 
     def files(self, rank: int) -> tuple[plan.ShardFile, ...]:
         """The files `rank` writes before the commit (all of them, but DCP's .metadata)."""
@@ -134,7 +138,8 @@ class Checkpointer:
                 pool.scratch(self.cfg.read_size)
 
     def _prepare(self, directory: str) -> None:
-        if self.rank_plan(self.rank).total_bytes or self.files(self.rank):
+        mine = self.rank_plan(self.rank)
+        if mine.files or mine.commit_files:
             self.backend.prepare(directory)
 
     def _save_generated(self, directory: str, files: tuple[plan.ShardFile, ...], progress: Progress) -> list[FileStats]:

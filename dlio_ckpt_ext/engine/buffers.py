@@ -38,7 +38,7 @@ class BufferPool:
         size = max(size, self.buffer_size)
         if self._scratch is None or len(self._scratch) < size:
             if self._scratch is not None:
-                _release(self._scratch)
+                release(self._scratch)
             self._scratch = self._allocate(size)
         return memoryview(self._scratch)
 
@@ -52,11 +52,11 @@ class BufferPool:
 
     def close(self) -> None:
         for buf in self.buffers + ([self._scratch] if self._scratch else []):
-            _release(buf)
+            release(buf)
         self.buffers, self._scratch = [], None
 
 
-def _release(buf: mmap.mmap) -> None:
+def release(buf: mmap.mmap) -> None:
     try:
         buf.close()
     except BufferError:

@@ -46,3 +46,11 @@ def generator(spec: ContentSpec, size: int, offset: int = 0, threads: int = 1,
     return dgen_py.Generator(size=size, seed=spec.seed + offset // BLOCK, max_threads=threads,
                              chunk_size=chunk_size, dedup_ratio=float(spec.dedup_ratio),
                              compress_ratio=float(spec.compress_ratio))
+
+
+def fill_exact(gen: "dgen_py.Generator", view: memoryview, offset: int, where: str) -> None:
+    """Fill all of view from gen, or raise naming the file and offset."""
+    n = len(view)
+    got = gen.fill_chunk(view)
+    if got != n:
+        raise RuntimeError(f"dgen-py filled {got} bytes instead of {n} at offset {offset} of {where}")

@@ -15,8 +15,8 @@ import time
 
 import numpy as np
 
-from dlio_ckpt_ext.engine.buffers import PAGE
-from dlio_ckpt_ext.engine.content import ContentSpec, generator
+from dlio_ckpt_ext.engine.buffers import PAGE, release
+from dlio_ckpt_ext.engine.content import ContentSpec, fill_exact, generator
 
 
 def _address(view: memoryview) -> int:
@@ -48,10 +48,7 @@ class StagingArea:
         return memoryview(self._map)[start:start + size]
 
     def close(self) -> None:
-        try:
-            self._map.close()
-        except BufferError:
-            pass  # a view still lives: unmapped when it goes
+        release(self._map)
 
 
 def stage_file(content: ContentSpec, dest: memoryview, source: memoryview, gen_threads: int = 1) -> tuple[float, float]:
@@ -67,10 +64,8 @@ def stage_file(content: ContentSpec, dest: memoryview, source: memoryview, gen_t
     for offset in range(0, size, chunk):
         n = min(chunk, size - offset)
         t0 = time.perf_counter()
-        got = gen.fill_chunk(source[:n])
+        fill_exact(gen, source[:n], offset, "the staging area")
         t1 = time.perf_counter()
-        if got != n:
-            raise RuntimeError(f"dgen-py filled {got} bytes instead of {n} at offset {offset}")
         ctypes.memmove(dst + offset, src, n)
         t2 = time.perf_counter()
         fill_s += t1 - t0

@@ -10,7 +10,7 @@ import numpy as np
 
 from dlio_ckpt_ext.engine import pipeline
 from dlio_ckpt_ext.engine.buffers import BufferPool
-from dlio_ckpt_ext.engine.content import ContentSpec, generator
+from dlio_ckpt_ext.engine.content import ContentSpec, fill_exact, generator
 from dlio_ckpt_ext.engine.pipeline import Chunk
 from dlio_ckpt_ext.engine.profile import FileStats, busy_seconds
 from dlio_ckpt_ext.errors import VerificationError
@@ -36,13 +36,6 @@ def _first_difference(a: memoryview, b: memoryview) -> int:
     if _libc.memcmp(xa.ctypes.data, xb.ctypes.data, n) == 0:
         return -1
     return int(np.argmax(xa != xb))
-
-
-def _fill_exact(gen, view: memoryview, offset: int, where: str) -> None:
-    n = len(view)
-    got = gen.fill_chunk(view)
-    if got != n:
-        raise RuntimeError(f"dgen-py filled {got} bytes instead of {n} at offset {offset} of {where}")
 
 
 def _record(stats: FileStats, chunks: list[Chunk], fill_stage: Optional[str],
@@ -108,7 +101,7 @@ def _fill_in_place(writer: Writer, gen, size: int, chunk: int, progress: Progres
         t0 = time.perf_counter()
         view = writer.reserve(n)
         t1 = time.perf_counter()
-        _fill_exact(gen, view[:n], offset, where)
+        fill_exact(gen, view[:n], offset, where)
         t2 = time.perf_counter()
         filled_at = time.time()
         writer.commit(n)
@@ -178,7 +171,7 @@ def send_file(backend: Backend, path: str, size: int, content: ContentSpec, pool
             return _fill_in_place(writer, gen, size, pool.buffer_size, progress, where)
 
         def fill(buf: memoryview, offset: int, n: int) -> None:
-            _fill_exact(gen, buf[:n], offset, where)
+            fill_exact(gen, buf[:n], offset, where)
 
         def write(c: Chunk) -> None:
             writer.write(c.buffer[:c.nbytes])
