@@ -1,16 +1,22 @@
 """Local disk: our defaults against raw O_DIRECT at the same process count, in one run.
 
-    python bench/local_bench.py --dir /work/bench_data [--ranks 1,2,4] [--pairs 3] [--gib-per-rank 1]
+    python bench/local_bench.py --dir /work/bench_data [--ranks 1,2,4] [--pairs 4] [--gib-per-rank 1] [--settle 10]
 
 For each rank count, our defaults (`dlio_benchmark workload=llama3_tiny_checkpoint`
 scaled so each rank writes about --gib-per-rank, local_fs, nothing else tuned)
 and the raw reference (bench/raw_posix_rank.py under mpirun: pre-filled
 aligned buffers, O_DIRECT writes of 32 MiB + fsync, O_DIRECT reads) run in
-interleaved pairs (A B / B A, a warm-up pair first), on the same directory.
+interleaved pairs (A B / B A, a warm-up pair first, as many pairs of each
+order), on the same directory.
 Both are timed the same way: per checkpoint a barrier, then the window from
-the first rank's start to the last rank's end. Prints the median ours/raw
-ratio for save and load, our generation margin (fill rate / I/O rate, and the
-generation-bound chunks) and the peak RSS per rank of each.
+the first rank's start to the last rank's end. Before every run the page
+cache is synced and the disk left idle for --settle seconds: on this VM the
+host below the virtual disk is still writing back what the previous run
+wrote, and whichever run comes right after pays for it (back-to-back rounds
+of three writers measured the third position always slowest, ~20 %). Prints
+per pair both runs' rates, then the ours/raw ratio for save and load with the
+order effect cancelled (bench/pairs.py), our generation margin (fill rate /
+I/O rate, and the generation-bound chunks) and the peak RSS per rank of each.
 """
 from __future__ import annotations
 
@@ -21,9 +27,11 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from pairs import OrderedRatios, check_pairs  # noqa: E402
 from remote_bench import BIN, GiB, HERE, mpirun, raw_result  # noqa: E402
 
 
@@ -40,10 +48,21 @@ def shape(gib_per_rank: float, ranks: int) -> dict:
         hidden += 256
 
 
+# Both write into the same folder: the file system has the same free space
+# to place either's files.
+SHARED_DIR = "ckpt"
+
+
+def settle(seconds: float) -> None:
+    """Let the storage below finish what earlier runs left it (see the docstring)."""
+    os.sync()
+    time.sleep(seconds)
+
+
 def run_ours(args, ranks: int, hidden: int, tag: str, workdir: Path) -> dict:
     out = workdir / tag
     cmd = mpirun(ranks) + [str(BIN / "dlio_benchmark"), "workload=llama3_tiny_checkpoint",
-                           f"++workload.checkpoint.checkpoint_folder={Path(args.dir) / 'ours'}",
+                           f"++workload.checkpoint.checkpoint_folder={Path(args.dir) / SHARED_DIR}",
                            f"++workload.output.folder={out}",
                            f"++workload.checkpoint.num_checkpoints_write={args.writes}",
                            f"++workload.checkpoint.num_checkpoints_read={args.reads}",
@@ -64,7 +83,7 @@ def run_ours(args, ranks: int, hidden: int, tag: str, workdir: Path) -> dict:
 
 
 def run_raw(args, ranks: int, sizes: list[int]) -> dict:
-    cmd = mpirun(ranks) + [sys.executable, str(HERE / "raw_posix_rank.py"), "--dir", str(Path(args.dir) / "raw"),
+    cmd = mpirun(ranks) + [sys.executable, str(HERE / "raw_posix_rank.py"), "--dir", str(Path(args.dir) / SHARED_DIR),
                            "--sizes", ",".join(map(str, sizes)), "--writes", str(args.writes),
                            "--reads", str(args.reads)]
     return raw_result(cmd, None, sizes, ranks)
@@ -74,29 +93,36 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dir", required=True, help="a directory on the disk to measure")
     ap.add_argument("--ranks", default="1,2,4")
-    ap.add_argument("--pairs", type=int, default=3)
+    ap.add_argument("--pairs", type=int, default=4, help="an even number: as many pairs with each order")
+    ap.add_argument("--settle", type=float, default=10.0, help="seconds of idle disk before every run")
     ap.add_argument("--writes", type=int, default=2)
     ap.add_argument("--reads", type=int, default=2)
     ap.add_argument("--gib-per-rank", type=float, default=1.0)
     args = ap.parse_args()
+    check_pairs(ap, args.pairs)
     workdir = Path(tempfile.mkdtemp(prefix="local-bench-"))
     for ranks in (int(r) for r in args.ranks.split(",")):
         model = shape(args.gib_per_rank, ranks)
-        ratios = {"save": [], "load": []}
+        ratios = {"save": OrderedRatios(), "load": OrderedRatios()}
         ours_all, raw_all = [], []
         for i in range(args.pairs + 1):
             order = ("ours", "raw") if i % 2 == 0 else ("raw", "ours")
-            got = {who: (run_ours(args, ranks, model["hidden"], f"r{ranks}-{i}", workdir) if who == "ours"
-                         else run_raw(args, ranks, model["sizes"])) for who in order}
+            got = {}
+            for who in order:
+                settle(args.settle)
+                got[who] = (run_ours(args, ranks, model["hidden"], f"r{ranks}-{i}", workdir) if who == "ours"
+                            else run_raw(args, ranks, model["sizes"]))
+            print(f"  {ranks} rank(s) pair {i}{' (warm-up)' if i == 0 else ''}, {order[0]} first: GiB/s save ours "
+                  f"{got['ours']['save']:.2f} raw {got['raw']['save']:.2f}, load ours {got['ours']['load']:.2f} "
+                  f"raw {got['raw']['load']:.2f}", flush=True)
             if i == 0:
                 continue
             for phase in ratios:
-                ratios[phase].append(got["ours"][phase] / got["raw"][phase])
+                ratios[phase].add(order[0] == "ours", got["ours"][phase] / got["raw"][phase])
             ours_all.append(got["ours"])
             raw_all.append(got["raw"])
         print(f"{ranks} rank(s), per-rank files {[s >> 20 for s in model['sizes']]} MiB: ours / raw O_DIRECT "
-              f"save {statistics.median(ratios['save']):.3f}, load {statistics.median(ratios['load']):.3f} "
-              f"(pairs {[round(x, 3) for x in ratios['save']]}, {[round(x, 3) for x in ratios['load']]}); "
+              f"save {ratios['save'].describe()}, load {ratios['load'].describe()}; "
               f"raw save {statistics.median(r['save'] for r in raw_all):.2f} GiB/s, load "
               f"{statistics.median(r['load'] for r in raw_all):.2f} GiB/s; our generation margin "
               f"{min(o['margin'] for o in ours_all):.2f}x at {ours_all[0]['threads']} thread(s), generation-bound "

@@ -1,7 +1,7 @@
 """Remote object storage: our defaults against raw s3dlio at its best concurrency,
 through an emulated remote link, in one run.
 
-    python bench/remote_bench.py [--links 10:40,2:200] [--ranks 1,4] [--pairs 3]
+    python bench/remote_bench.py [--links 10:40,2:200] [--ranks 1,4] [--pairs 4]
 
 For each link (one-way latency ms : MB/s per connection, dlio_ckpt_ext.remote_link
 in front of a local SeaweedFS) and each rank count:
@@ -10,7 +10,8 @@ in front of a local SeaweedFS) and each rank count:
    requests in flight; the best write and the best read concurrency are kept;
 2. our defaults (`dlio_benchmark workload=llama3_tiny_checkpoint` scaled to
    --layers/--hidden, storage_type=s3, nothing else tuned) and that best raw
-   configuration run in interleaved pairs (A B / B A, a warm-up pair first).
+   configuration run in interleaved pairs (A B / B A, a warm-up pair first),
+   the ratio order-balanced (bench/pairs.py);
 3. raw s3dlio uploading a checkpoint's files at the same time against one
    after the other (interleaved pairs): does overlapping files pay?
 Both are timed the same way: per checkpoint, a barrier, then the window from
@@ -37,6 +38,9 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from pairs import OrderedRatios, check_pairs  # noqa: E402
 
 BIN = Path(sys.executable).parent
 HERE = Path(__file__).resolve().parent
@@ -128,7 +132,7 @@ def compare(args, env: dict, ranks: int, workdir: Path, label: str) -> dict:
         overlap.append(pair[True] / pair[False])
     print(f"  raw save, files overlapped / one after the other at {best_w} parts in flight: "
           f"{statistics.median(overlap):.3f} (pairs {[round(x, 3) for x in overlap]})", flush=True)
-    ratios = {"save": [], "load": []}
+    ratios = {"save": OrderedRatios(), "load": OrderedRatios()}
     rss = {"ours": [], "raw": [], "buffers": 0}
     for i in range(args.pairs + 1):
         order = ("ours", "raw") if i % 2 == 0 else ("raw", "ours")
@@ -140,14 +144,16 @@ def compare(args, env: dict, ranks: int, workdir: Path, label: str) -> dict:
         if i == 0:
             continue  # warm-up pair
         for phase in ratios:
-            ratios[phase].append(got["ours"][phase] / got["raw"][phase])
+            ratios[phase].add(order[0] == "ours", got["ours"][phase] / got["raw"][phase])
         rss["ours"].append(got["ours"]["rss"])
         rss["raw"].append(got["raw"]["rss"])
         rss["buffers"] = got["ours"]["buffers"]
     return {"best_write_in_flight": best_w, "best_read_in_flight": best_r,
             "overlapped_files_save_ratio": statistics.median(overlap), "raw_sweep": sweep,
-            "save_ratio": statistics.median(ratios["save"]), "load_ratio": statistics.median(ratios["load"]),
-            "ratios": ratios, "rss_ours": max(rss["ours"]), "rss_raw": max(rss["raw"]), "buffers": rss["buffers"]}
+            "save_ratio": ratios["save"].balanced(), "load_ratio": ratios["load"].balanced(),
+            "save": ratios["save"].describe(), "load": ratios["load"].describe(),
+            "ratios": {phase: {"ours_first": r.first, "ours_second": r.second} for phase, r in ratios.items()},
+            "rss_ours": max(rss["ours"]), "rss_raw": max(rss["raw"]), "buffers": rss["buffers"]}
 
 
 def ours_ab(args, env: dict, ranks: int, workdir: Path, label: str) -> None:
@@ -199,7 +205,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--links", default="10:40,2:200", help="latency_ms:MB_per_s, comma-separated")
     ap.add_argument("--ranks", default="1,4")
-    ap.add_argument("--pairs", type=int, default=3)
+    ap.add_argument("--pairs", type=int, default=4, help="an even number: as many pairs with each order")
     ap.add_argument("--writes", type=int, default=2)
     ap.add_argument("--reads", type=int, default=2)
     ap.add_argument("--layers", type=int, default=2)
@@ -213,6 +219,7 @@ def main() -> None:
                                  "'++workload.streaming.concurrent_files=1'")
     ap.add_argument("--dir", help="scratch directory for the servers' data (default: a temporary one)")
     args = ap.parse_args()
+    check_pairs(ap, args.pairs)
     args.sweep = [int(x) for x in args.sweep.split(",")]
 
     from dlio_ckpt_ext import local_s3
@@ -244,9 +251,7 @@ def main() -> None:
                 r = compare(args, env, ranks, workdir, label)
                 results[f"{link_text} x{ranks}"] = r
                 print(f"  ours / raw s3dlio (best: {r['best_write_in_flight']} parts, {r['best_read_in_flight']} GETs "
-                      f"in flight): save {r['save_ratio']:.3f}, load {r['load_ratio']:.3f} "
-                      f"(pairs: {[round(x, 3) for x in r['ratios']['save']]}, "
-                      f"{[round(x, 3) for x in r['ratios']['load']]}); peak RSS per rank: ours "
+                      f"in flight): save {r['save']}, load {r['load']}; peak RSS per rank: ours "
                       f"{r['rss_ours'] / 2**20:.0f} MiB (buffers {r['buffers'] / 2**20:.0f} MiB), "
                       f"raw {r['rss_raw'] / 2**20:.0f} MiB", flush=True)
             finally:

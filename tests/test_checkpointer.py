@@ -37,6 +37,13 @@ def test_inventory_matches_what_was_written_and_catches_missing_and_short_files(
     assert f"{files[1].relative_to(tmp_path)} has {files[1].stat().st_size} bytes" in message
 
 
+def test_write_pool_is_touched_before_the_windows_and_the_read_pool_is_not(tmp_path):
+    ck = checkpointers(tmp_path, ranks=1)[0]
+    ck.prepare()
+    assert ck.write_buffers().prefault and not ck.read_buffers().prefault
+    ck.close()
+
+
 def test_recovery_rank_shift_reads_another_ranks_files_and_verifies_them(tmp_path):
     cfg = load_config(OmegaConf.create({**TINY, "checkpoint": {"checkpoint_folder": str(tmp_path),
                                                                "recovery_rank_shift": True}}), 4)

@@ -257,3 +257,33 @@ def test_parallel_verified_reads_report_wall_io_time(workdir, pool):
     stats = load_file(backend, "p.bin", 24 * MiB, pool, content=spec, parallelism=3)
     assert 0 < stats.io_s <= stats.elapsed  # 3 readers overlap: their summed time could exceed the wall
     assert sum(c[3] for c in stats.chunks) >= stats.io_s
+
+
+def resident_bytes(buf) -> int:
+    """Resident bytes of the mapping holding buf, from /proc/self/smaps."""
+    import ctypes
+    addr = ctypes.addressof(ctypes.c_char.from_buffer(buf))
+    inside = False
+    for line in open("/proc/self/smaps"):
+        head = line.split()[0]
+        if "-" in head and ":" not in head:
+            lo, hi = (int(x, 16) for x in head.split("-"))
+            inside = lo <= addr < hi
+        elif inside and line.startswith("Rss:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("mapping not found")
+
+
+def test_pool_prefaults_only_when_asked_and_reads_fault_pages_in(workdir):
+    touched, fresh = BufferPool(2, 4 * MiB), BufferPool(2, 4 * MiB, prefault=False)
+    try:
+        assert [resident_bytes(b) for b in touched.buffers] == [4 * MiB] * 2
+        assert [resident_bytes(b) for b in fresh.buffers] == [0, 0]
+        b = backend(workdir)
+        spec = ContentSpec(derive_seed(3, "fault"))
+        save_file(b, "ckpt/f.pt", 4 * MiB, spec, touched)
+        load_file(b, "ckpt/f.pt", 4 * MiB, fresh, content=spec)  # verified: the bytes landed
+        assert 4 * MiB in [resident_bytes(buf) for buf in fresh.buffers]
+    finally:
+        touched.close()
+        fresh.close()

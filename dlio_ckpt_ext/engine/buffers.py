@@ -15,21 +15,22 @@ class BufferPool:
     """depth 0 is a pool that only states the chunk size: for writers that lend
     their own memory (Writer.zero_copy), nothing needs allocating."""
 
-    def __init__(self, depth: int, buffer_size: int) -> None:
+    def __init__(self, depth: int, buffer_size: int, prefault: bool = True) -> None:
         if depth < 0:
             raise ValueError(f"pool depth must be >= 0, got {depth}")
         if buffer_size <= 0 or buffer_size % PAGE:
             raise ValueError(f"buffer size must be a positive multiple of {PAGE}, got {buffer_size}")
-        self.buffer_size = buffer_size
+        self.buffer_size, self.prefault = buffer_size, prefault
         self.buffers = [self._allocate() for _ in range(depth)]
         self._scratch: mmap.mmap | None = None
 
     def _allocate(self, size: int = 0) -> mmap.mmap:
         size = size or self.buffer_size
         buf = mmap.mmap(-1, size)
-        # Touch every page now so first-touch faults land outside timed windows.
-        buf.write(b"\0" * size)
-        buf.seek(0)
+        if self.prefault:
+            # Touch every page now so first-touch faults land outside timed windows.
+            buf.write(b"\0" * size)
+            buf.seek(0)
         return buf
 
     def scratch(self, size: int = 0) -> memoryview:
