@@ -10,10 +10,10 @@ interleaved pairs (A B / B A, a warm-up pair first, as many pairs of each
 order), on the same directory.
 Both are timed the same way: per checkpoint a barrier, then the window from
 the first rank's start to the last rank's end. Before every run the page
-cache is synced and the disk left idle for --settle seconds: on this VM the
-host below the virtual disk is still writing back what the previous run
-wrote, and whichever run comes right after pays for it (back-to-back rounds
-of three writers measured the third position always slowest, ~20 %). Prints
+cache is synced and the disk left idle for --settle seconds: on this VM a
+run started right after another is slower (back-to-back rounds of three
+writers: the third position always slowest, ~20 %). The pause does not
+remove the order effect between the two programs (bench/pairs.py). Prints
 per pair both runs' rates, then the ours/raw ratio for save and load with the
 order effect cancelled (bench/pairs.py), our generation margin (fill rate /
 I/O rate, and the generation-bound chunks) and the peak RSS per rank of each.
@@ -54,7 +54,7 @@ SHARED_DIR = "ckpt"
 
 
 def settle(seconds: float) -> None:
-    """Let the storage below finish what earlier runs left it (see the docstring)."""
+    """A pause before every run (see the docstring)."""
     os.sync()
     time.sleep(seconds)
 

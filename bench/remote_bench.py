@@ -157,20 +157,20 @@ def compare(args, env: dict, ranks: int, workdir: Path, label: str) -> dict:
 
 
 def ours_ab(args, env: dict, ranks: int, workdir: Path, label: str) -> None:
-    """Our defaults against our defaults plus --ab's overrides, in interleaved pairs."""
+    """Our defaults plus --ab's overrides against our defaults, in interleaved pairs."""
     extra = args.ab.split()
-    ratios = {"save": [], "load": []}
+    ratios = {"save": OrderedRatios(), "load": OrderedRatios()}
     for i in range(args.pairs + 1):
         got = {}
-        for variant in ((False, True) if i % 2 == 0 else (True, False)):
+        order = (False, True) if i % 2 == 0 else (True, False)
+        for variant in order:
             got[variant] = run_ours(args, env, ranks, f"ab{i}{int(variant)}-{label}", workdir,
                                     *(extra if variant else []))
         if i:
             for phase in ratios:
-                ratios[phase].append(got[True][phase] / got[False][phase])
-    print(f"  ours with {args.ab} / ours: save {statistics.median(ratios['save']):.3f}, load "
-          f"{statistics.median(ratios['load']):.3f} (pairs {[round(x, 3) for x in ratios['save']]}, "
-          f"{[round(x, 3) for x in ratios['load']]})", flush=True)
+                ratios[phase].add(order[0], got[True][phase] / got[False][phase])
+    print(f"  ours with {args.ab} / ours: save {ratios['save'].describe()}, load {ratios['load'].describe()}",
+          flush=True)
 
 
 def inventory(args, env: dict) -> None:
