@@ -24,10 +24,6 @@ class OrderedRatios:
     def add(self, ours_first: bool, ratio: float) -> None:
         (self.first if ours_first else self.second).append(ratio)
 
-    @property
-    def all(self) -> list[float]:
-        return self.first + self.second
-
     def balanced(self) -> float:
         """Geometric mean of the median with ours first and the median with
         ours second: a multiplicative order effect cancels out."""

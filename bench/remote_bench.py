@@ -39,11 +39,11 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from pairs import OrderedRatios, check_pairs  # noqa: E402
-
 BIN = Path(sys.executable).parent
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from pairs import OrderedRatios, check_pairs  # noqa: E402
+
 GiB = float(1 << 30)
 BUCKET = "remotebench"
 
