@@ -27,6 +27,7 @@ from tqdm import tqdm
 
 from dlio_ckpt_ext.config import parse_size
 from dlio_ckpt_ext.engine import BufferPool, ContentSpec, load_file, save_file
+from dlio_ckpt_ext.engine.buffers import allocate
 from dlio_ckpt_ext.engine.threads import gen_thread_budget
 from dlio_ckpt_ext.storage.posix import PosixBackend, PosixOptions
 
@@ -42,7 +43,7 @@ def raw_buffers(chunk: int, depth: int) -> list[mmap.mmap]:
     if not _raw_buffers:
         gen = dgen_py.Generator(size=chunk * depth, seed=1)
         for _ in range(depth):
-            buf = mmap.mmap(-1, chunk)
+            buf = allocate(chunk)
             gen.fill_chunk(buf)
             _raw_buffers.append(buf)
     return _raw_buffers

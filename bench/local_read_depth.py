@@ -8,7 +8,6 @@ read in flight per rank? With --writes, the same question for O_DIRECT writes
 from __future__ import annotations
 
 import argparse
-import mmap
 import os
 import statistics
 import sys
@@ -19,6 +18,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from raw_rank_common import Content  # noqa: E402
 
+from dlio_ckpt_ext.engine.buffers import allocate  # noqa: E402
+
 SIZE = 2 << 30
 CASES = [(32 << 20, 1), (8 << 20, 1), (8 << 20, 2), (8 << 20, 4), (8 << 20, 8), (8 << 20, 16), (32 << 20, 4)]
 
@@ -27,7 +28,7 @@ def prepare(path: str) -> None:
     if os.path.exists(path) and os.path.getsize(path) == SIZE:
         return
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_DIRECT, 0o644)
-    buf = mmap.mmap(-1, 32 << 20)
+    buf = allocate(32 << 20)
     buf.write(os.urandom(32 << 20))
     for _ in range(SIZE // (32 << 20)):
         os.write(fd, buf)
@@ -38,7 +39,7 @@ def prepare(path: str) -> None:
 def read_rate(path: str, request: int, in_flight: int) -> float:
     """GiB/s reading the whole file, in_flight threads over contiguous ranges."""
     fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
-    bufs = [mmap.mmap(-1, request) for _ in range(in_flight)]
+    bufs = [allocate(request) for _ in range(in_flight)]
     offsets = list(range(0, SIZE, request))
     per = -(-len(offsets) // in_flight)
 

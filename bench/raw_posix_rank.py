@@ -15,6 +15,8 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 
 from mpi4py import MPI
+
+from dlio_ckpt_ext.engine.buffers import allocate
 from raw_rank_common import PAGE, Content, parser, run
 
 
@@ -54,7 +56,7 @@ def main() -> None:
     comm = MPI.COMM_WORLD
     sizes = [int(s) for s in args.sizes.split(",")]
     content = Content(sizes)
-    bufs = [mmap.mmap(-1, args.read_size) for _ in range(args.read_in_flight)]
+    bufs = [allocate(args.read_size) for _ in range(args.read_in_flight)]
 
     def name(step: int, i: int) -> str:
         os.makedirs(f"{args.dir}/step{step}", exist_ok=True)

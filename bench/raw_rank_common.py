@@ -10,6 +10,8 @@ from typing import Callable
 
 import dgen_py
 
+from dlio_ckpt_ext.engine.buffers import allocate
+
 PAGE = mmap.PAGESIZE
 CHUNK = 32 << 20
 
@@ -21,14 +23,16 @@ class Content:
     A reference that writes one repeated block is not a fair one: on this
     VM's disk a repeated 32 MiB block wrote 1.44x slower than unique data
     (the storage below dedupes or hashes), which made the engine look faster
-    than raw O_DIRECT. The engine writes unique dgen-py bytes; so does this."""
+    than raw O_DIRECT. The engine writes unique dgen-py bytes; so does this,
+    from memory mapped as the engine maps its buffers (buffers.allocate: on
+    this VM memory of other pages wrote at other request sizes)."""
 
     def __init__(self, sizes: list[int]) -> None:
         self.offsets, total = [], 0
         for size in sizes:
             self.offsets.append((total, size))
             total += -(-size // PAGE) * PAGE
-        self.area = mmap.mmap(-1, max(total, PAGE))
+        self.area = allocate(max(total, PAGE))
 
     def refill(self, seed: int) -> None:
         gen = dgen_py.Generator(size=len(self.area), seed=seed, max_threads=1, chunk_size=CHUNK)

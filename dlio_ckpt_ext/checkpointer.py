@@ -53,13 +53,7 @@ class Checkpointer:
         spare; page-sized tokens where the readers lend their memory (S3)."""
         if self.read_pool is None:
             size = PAGE if self.backend.lends_read_memory else self.cfg.read_size
-            # Not touched in advance: the first read faults each page in, as a
-            # plain reader's fresh buffers are. Buffers touched at start-up and
-            # read into after the saves made O_DIRECT reads 1.5-2.4x slower on
-            # this VM (2 ranks, 16 x 8 MiB in flight, same files, same reader
-            # code: 1.07-1.82 vs 2.45-2.71 GiB/s). The cause is below what the
-            # guest shows, but a fair reader must not pay it.
-            self.read_pool = BufferPool(self.cfg.read_parallelism + 2, size, prefault=False)
+            self.read_pool = BufferPool(self.cfg.read_parallelism + 2, size)
         return self.read_pool
 
     def staging_area(self) -> StagingArea:

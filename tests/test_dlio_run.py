@@ -5,6 +5,7 @@ import shutil
 import statistics
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
@@ -52,6 +53,11 @@ def test_tiny_preset_two_ranks_files_metrics_and_summary(workdir):
         assert len(used) == 6 and all(1 <= t <= r["gen_thread_budget"]["limit"] for t in used)
         assert [f["gen_threads"] for rec in r["phases"]["save"] for f in rec["files"]] == used
     assert "generator threads (rank 0)" in run.stdout
+    thp = Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text()
+    assert summary["transparent_hugepage"] == thp[thp.index("[") + 1:thp.index("]")]
+    assert all(r["buffer_huge_page_bytes"] <= r["buffer_bytes"] for r in ranks)
+    if summary["transparent_hugepage"] != "never":  # the buffers asked for huge pages and got some
+        assert all(r["buffer_huge_page_bytes"] > 0 for r in ranks)
 
     metrics = run.window_metrics()
     dlio_metrics = run.metrics()

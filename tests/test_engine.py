@@ -9,10 +9,11 @@ import pytest
 
 from dlio_ckpt_ext.engine import BufferPool, ContentSpec, derive_seed, load_file, save_file
 from dlio_ckpt_ext.engine import content as content_mod
-from dlio_ckpt_ext.engine.buffers import PAGE
+from dlio_ckpt_ext.engine.buffers import PAGE, huge_page_bytes, thp_setting
 from dlio_ckpt_ext.errors import StorageError, VerificationError
 from dlio_ckpt_ext.storage.base import Backend, Writer
 from dlio_ckpt_ext.storage.posix import PosixBackend, PosixOptions
+from memory_maps import anon_huge_pages, mapping_permissions
 
 MiB = 1 << 20
 
@@ -259,31 +260,16 @@ def test_parallel_verified_reads_report_wall_io_time(workdir, pool):
     assert sum(c[3] for c in stats.chunks) >= stats.io_s
 
 
-def resident_bytes(buf) -> int:
-    """Resident bytes of the mapping holding buf, from /proc/self/smaps."""
-    import ctypes
-    addr = ctypes.addressof(ctypes.c_char.from_buffer(buf))
-    inside = False
-    for line in open("/proc/self/smaps"):
-        head = line.split()[0]
-        if "-" in head and ":" not in head:
-            lo, hi = (int(x, 16) for x in head.split("-"))
-            inside = lo <= addr < hi
-        elif inside and line.startswith("Rss:"):
-            return int(line.split()[1]) * 1024
-    raise AssertionError("mapping not found")
-
-
-def test_pool_prefaults_only_when_asked_and_reads_fault_pages_in(workdir):
-    touched, fresh = BufferPool(2, 4 * MiB), BufferPool(2, 4 * MiB, prefault=False)
+def test_buffers_are_private_and_in_huge_pages_where_the_kernel_allows():
+    if thp_setting() not in ("always", "madvise"):
+        pytest.skip(f"transparent huge pages are {thp_setting()!r} here")
+    system_before, ours_before = anon_huge_pages(), huge_page_bytes()
+    pool = BufferPool(4, 8 * MiB)
     try:
-        assert [resident_bytes(b) for b in touched.buffers] == [4 * MiB] * 2
-        assert [resident_bytes(b) for b in fresh.buffers] == [0, 0]
-        b = backend(workdir)
-        spec = ContentSpec(derive_seed(3, "fault"))
-        save_file(b, "ckpt/f.pt", 4 * MiB, spec, touched)
-        load_file(b, "ckpt/f.pt", 4 * MiB, fresh, content=spec)  # verified: the bytes landed
-        assert 4 * MiB in [resident_bytes(buf) for buf in fresh.buffers]
+        assert {mapping_permissions(b) for b in pool.buffers} == {"rw-p"}  # private, not shmem
+        slack = pool.depth * 2 * MiB  # an unaligned buffer loses at most its head and tail
+        assert anon_huge_pages() - system_before >= pool.nbytes - slack
+        assert huge_page_bytes() - ours_before >= pool.nbytes - slack
     finally:
-        touched.close()
-        fresh.close()
+        pool.close()
+    assert huge_page_bytes() == ours_before  # closed buffers are no longer counted

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from omegaconf import OmegaConf
 
 from dlio_ckpt_ext.dlio import metrics, provenance, trace
+from dlio_ckpt_ext.engine.buffers import huge_page_bytes, thp_setting
 from dlio_ckpt_ext.engine.threads import usable_cpus
 from dlio_ckpt_ext.redact import redact_args, redact_tree
 
@@ -51,6 +52,7 @@ def write_rank_stats(session: "CheckpointSession", totals: dict) -> None:
         "gen_thread_budget": ck.threads.describe(),
         "source_rank_for_loads": ck.source_rank(), "phases": session.local, "totals": totals, "async_blocked": session.blocked,
         "peak_rss_bytes": peak_rss_bytes(), "buffer_bytes": session.rank_buffer_bytes,
+        "buffer_huge_page_bytes": huge_page_bytes(),
         "staging_bytes": ck.staging.nbytes if ck.staging is not None else 0,
         "trace": dict(trace.COST) if trace.enabled() else None})
 
@@ -69,7 +71,9 @@ def manifest(session: "CheckpointSession") -> dict:
                         "gen_thread_mode": ck.threads.describe()["mode"], "gen_thread_limit": ck.threads.limit},
             "storage": ck.backend.describe(), "concurrency": ck.concurrency(),
             "cache_method": ck.backend.read_cache_method,
-            "reads_may_be_cached": ck.backend.reads_may_be_cached}
+            "reads_may_be_cached": ck.backend.reads_may_be_cached,
+            # huge pages make O_DIRECT requests larger (engine/buffers.allocate)
+            "transparent_hugepage": thp_setting()}
 
 
 def effective_config(session: "CheckpointSession") -> tuple[dict, dict]:

@@ -10,17 +10,10 @@ as the rank's share of a checkpoint: that is what async checkpointing costs.
 from __future__ import annotations
 
 import ctypes
-import mmap
 import time
 
-import numpy as np
-
-from dlio_ckpt_ext.engine.buffers import PAGE, release
+from dlio_ckpt_ext.engine.buffers import PAGE, address, allocate, release
 from dlio_ckpt_ext.engine.content import ContentSpec, fill_exact, generator
-
-
-def _address(view: memoryview) -> int:
-    return np.frombuffer(view, dtype=np.uint8).ctypes.data
 
 
 def aligned(n: int) -> int:
@@ -40,8 +33,7 @@ class StagingArea:
             self.offsets[name] = (total, size)
             total += aligned(size)
         self.nbytes = max(total, PAGE)
-        self._map = mmap.mmap(-1, self.nbytes)
-        np.frombuffer(self._map, dtype=np.uint8).fill(0)
+        self._map = allocate(self.nbytes)
 
     def view(self, name: str) -> memoryview:
         start, size = self.offsets[name]
@@ -60,7 +52,7 @@ def stage_file(content: ContentSpec, dest: memoryview, source: memoryview, gen_t
     if not size:
         return fill_s, copy_s
     gen = generator(content, size, threads=gen_threads, chunk_size=chunk)
-    src, dst = _address(source), _address(dest)
+    src, dst = address(source), address(dest)
     for offset in range(0, size, chunk):
         n = min(chunk, size - offset)
         t0 = time.perf_counter()

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dlio_ckpt_ext.report.results import Result, flatten
 
 ENVIRONMENT = ("ranks", "num_hosts", "hosts", "ranks_per_node", "threads", "cache_method",
-               "reads_may_be_cached", "storage")
+               "reads_may_be_cached", "storage", "transparent_hugepage")
 
 
 def _fmt(value: tuple[float, float] | None) -> str:
