@@ -7,7 +7,7 @@ chunk_size x depth and nothing grows with the checkpoint size.
 from __future__ import annotations
 
 import mmap
-from typing import Iterable, Optional
+from typing import Optional
 
 import numpy as np
 
