@@ -34,6 +34,8 @@ from dlio_ckpt_ext.storage.posix import PosixBackend, PosixOptions
 GiB = float(1 << 30)
 CHUNK = 32 << 20
 DEPTH = 4
+# fields of /sys/block/<dev>/stat (the kernel's Documentation/block/stat.rst)
+READ_IOS, READ_SECTORS, WRITE_IOS, WRITE_SECTORS = 0, 2, 4, 6
 
 
 def shared_map(size: int) -> mmap.mmap:
@@ -82,7 +84,10 @@ def main() -> None:
     sysdir, _ = device_stat(args.dir)
     disk = os.path.realpath(sysdir)
     queue_dir = next(d for d in (disk, os.path.dirname(disk)) if os.path.exists(f"{d}/queue"))
-    limits = {k: open(f"{queue_dir}/queue/{k}").read().strip() for k in ("max_segments", "max_sectors_kb")}
+    limits = {}
+    for key in ("max_segments", "max_sectors_kb"):
+        with open(f"{queue_dir}/queue/{key}") as fh:
+            limits[key] = fh.read().strip()
     print(f"device {os.path.basename(disk)}: {limits}; transparent huge pages: {thp_setting()}")
 
     backend = PosixBackend(args.dir, PosixOptions())
@@ -110,7 +115,8 @@ def main() -> None:
             dt = time.perf_counter() - t0
             _, after = device_stat(args.dir)
             rates[name]["write"].append(size / dt / GiB)
-            line = f"round {r} {name:10s} write {size / dt / GiB:5.2f} GiB/s ({request_kib(before, after, 4, 6):5.0f} KiB requests)"
+            kib = request_kib(before, after, WRITE_IOS, WRITE_SECTORS)
+            line = f"round {r} {name:10s} write {size / dt / GiB:5.2f} GiB/s ({kib:5.0f} KiB requests)"
             if name in pools:
                 time.sleep(args.settle)
                 _, before = device_stat(args.dir)
@@ -119,7 +125,8 @@ def main() -> None:
                 dt = time.perf_counter() - t0
                 _, after = device_stat(args.dir)
                 rates[name]["read"].append(size / dt / GiB)
-                line += f"  read {size / dt / GiB:5.2f} GiB/s ({request_kib(before, after, 0, 2):5.0f} KiB requests)"
+                kib = request_kib(before, after, READ_IOS, READ_SECTORS)
+                line += f"  read {size / dt / GiB:5.2f} GiB/s ({kib:5.0f} KiB requests)"
             print(line, flush=True)
     os.unlink(os.path.join(args.dir, "f"))
 

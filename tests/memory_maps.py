@@ -26,8 +26,9 @@ def anon_huge_pages() -> int:
 def mapping_permissions(buf: memoryview) -> str:
     """The r/w/x and private/shared flags of the mapping holding buf (/proc/self/maps)."""
     start = address(buf)
-    for line in open("/proc/self/maps"):
-        lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
-        if lo <= start < hi:
-            return line.split()[1]
+    with open("/proc/self/maps") as fh:
+        for line in fh:
+            lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
+            if lo <= start < hi:
+                return line.split()[1]
     raise AssertionError("mapping not found")
