@@ -9,7 +9,7 @@ from typing import Callable, Optional
 
 from dlio_ckpt_ext import plan
 from dlio_ckpt_ext.config import RunConfig
-from dlio_ckpt_ext.engine import (BufferPool, ContentSpec, FileStats, PendingFile, derive_seed, load_file,
+from dlio_ckpt_ext.engine import (BufferPool, ContentSpec, FileStats, FileWindow, derive_seed, load_file,
                                   send_file, write_from_memory)
 from dlio_ckpt_ext.engine.buffers import PAGE
 from dlio_ckpt_ext.engine.staging import StagingArea, stage_file
@@ -147,26 +147,25 @@ class Checkpointer:
         its own memory (S3), a file is closed only once the next concurrent_files
         - 1 files' bytes were sent, so its last parts upload while they start;
         on any failure every file still open is aborted."""
-        at_once = self.cfg.concurrent_files if self.backend.lends_write_memory else 1
-        pending: list[tuple[PendingFile, int]] = []
+        window = FileWindow(self.cfg.concurrent_files if self.backend.lends_write_memory else 1)
         saved = []
         try:
             for f in files:
-                threads = self.gen_threads
-                pending.append((send_file(self.backend, f"{directory}/{f.name}", f.size,
-                                          self.content(directory, self.rank, f.name), self.write_buffers(),
-                                          threads, progress), threads))
-                while len(pending) >= at_once or (pending and f is files[-1]):
-                    done, threads = pending.pop(0)
-                    stats = done.finish()
-                    stats.gen_threads = threads
-                    self.threads.observe(stats.fill_s, stats.io_s + stats.close_s)
-                    saved.append(stats)
+                closed = send_file(self.backend, f"{directory}/{f.name}", f.size,
+                                   self.content(directory, self.rank, f.name), self.write_buffers(),
+                                   self.gen_threads, progress, window)
+                saved += self._observed(closed)
+            saved += self._observed(window.close_all())
         except BaseException:
-            for open_file, _ in pending:
-                open_file.abort()
+            window.abort()
             raise
         return saved
+
+    def _observed(self, closed: list[FileStats]) -> list[FileStats]:
+        """Files closed: their fill and I/O time tell the thread chooser."""
+        for stats in closed:
+            self.threads.observe(stats.fill_s, stats.io_s + stats.close_s)
+        return closed
 
     def _commit(self, directory: str, barrier: Optional[Callable[[], None]], progress: Progress) -> list[FileStats]:
         """DCP's commit: once every rank has finished its files, rank 0 writes

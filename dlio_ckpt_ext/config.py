@@ -25,10 +25,11 @@ MiB = 1 << 20
 #: (measured: bench/remote_bench.py through an emulated remote link for s3, README)
 DEFAULT_READ_PARALLELISM = {"s3": 32, "local_fs": 16, "parallel_fs": 16}
 #: files of one checkpoint whose uploads a rank overlaps when streaming.concurrent_files
-#: is 0: one, as measured (bench/remote_bench.py --ab, README: 2 gained at one rank on
-#: one link and lost at four ranks); >1 needs a storage that lends its write memory
-#: (S3 parts), so overlapping files share no buffer pool
-DEFAULT_CONCURRENT_FILES = {"s3": 1, "local_fs": 1, "parallel_fs": 1}
+#: is 0. S3: two, as measured through the emulated remote link (bench/remote_bench.py
+#: --ab, README): a file's last parts leave the link idle unless the next file starts.
+#: >1 needs a storage that lends its write memory (S3 parts), so overlapping files
+#: share no buffer pool
+DEFAULT_CONCURRENT_FILES = {"s3": 2, "local_fs": 1, "parallel_fs": 1}
 
 
 @dataclass
@@ -97,7 +98,7 @@ class StreamingConfig:
     read_parallelism: int = 0   # read requests in flight per rank; 0 = the storage's default below
     # S3 only: a file is closed once the next concurrent_files - 1 files' bytes
     # were sent, so its last parts upload while they start (a file of few parts
-    # cannot fill the upload window alone). 0 = the storage's default (1).
+    # cannot fill the upload window alone). 0 = the storage's default (S3: 2).
     concurrent_files: int = 0
     verify: bool = False        # compare every byte read with the regenerated content
     seed: int = 0               # run seed; file seeds are hashed from it

@@ -55,3 +55,16 @@ def test_bad_input_names_key_value_and_allowed(workload, key, allowed):
     assert e.key == key
     assert allowed in str(e)
     assert str(e).startswith(f"invalid config: {key}=")
+
+
+@pytest.mark.parametrize("streaming, files_at_once", [({}, 2), ({"concurrent_files": 1}, 1)])
+def test_s3_uploads_two_files_at_once_by_default_and_the_memory_check_counts_both(streaming, files_at_once):
+    from dlio_ckpt_ext.memory import rank_buffers
+    cfg = load_config(OmegaConf.create({"streaming": streaming,
+                                        "storage": {"storage_type": "s3", "storage_root": "s3://b/p"}}), 4)
+    assert cfg.concurrent_files == files_at_once
+    parts = {key: n for key, _, n in rank_buffers(cfg, 4)}
+    # s3dlio holds max_in_flight (16) + 2 parts of 32 MiB per open upload
+    assert parts["workload.storage.storage_options.max_in_flight"] == files_at_once * 18 * (32 << 20)
+    local = load_config(OmegaConf.create({}), 4)
+    assert local.concurrent_files == 1

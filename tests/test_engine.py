@@ -273,3 +273,44 @@ def test_buffers_are_private_and_in_huge_pages_where_the_kernel_allows():
     finally:
         pool.close()
     assert huge_page_bytes() == ours_before  # closed buffers are no longer counted
+
+
+def test_a_file_window_closes_oldest_first_and_on_failure_removes_every_open_file(tmp_path, pool):
+    from dlio_ckpt_ext.engine import FileWindow, send_file
+    b = backend(tmp_path)
+    window = FileWindow(at_once=2)
+    assert send_file(b, "a.pt", 3 * MiB, ContentSpec(1), pool, window=window) == []  # sent, still open
+    closed = send_file(b, "b.pt", 2 * MiB, ContentSpec(2), pool, window=window)
+    assert [s.name for s in closed] == ["a.pt"]
+    assert (tmp_path / "a.pt").read_bytes() == expected_bytes(ContentSpec(1), 3 * MiB)
+    with pytest.raises(StorageError, match="no_such_dir/c.pt"):
+        send_file(b, "no_such_dir/c.pt", MiB, ContentSpec(3), pool, window=window)
+    assert sorted(p.name for p in tmp_path.glob("*.pt")) == ["a.pt"]  # b, sent but open, removed too
+
+
+class BarrierAbortWriter(Writer):
+    """Aborts that finish only if both run at the same time."""
+
+    def __init__(self, barrier):
+        self.barrier, self.aborted = barrier, False
+
+    def write(self, data):
+        pass
+
+    def close(self):
+        pass
+
+    def abort(self):
+        self.barrier.wait(timeout=10)
+        self.aborted = True
+
+
+def test_open_files_are_aborted_side_by_side():
+    # each S3 abort waits for its parts in flight, and mpirun's SIGKILL follows
+    # its SIGTERM by ~0.25 s: one after the other they would not fit
+    import threading
+    from dlio_ckpt_ext.engine.stream import abort_together
+    barrier = threading.Barrier(2)
+    writers = [BarrierAbortWriter(barrier), BarrierAbortWriter(barrier)]
+    abort_together(writers)
+    assert [w.aborted for w in writers] == [True, True]

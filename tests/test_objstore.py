@@ -105,3 +105,48 @@ def test_a_longer_object_than_planned_fails_after_its_reads(s3, pool):
     s3.client().put_object(Bucket=BUCKET, Key="long/x.pt", Body=expected_bytes(spec, 3 * MiB) + b"extra")
     with pytest.raises(VerificationError, match=f"s3://ckpt/long/x.pt has {3 * MiB + 5} bytes, expected {3 * MiB}"):
         load_file(b, "x.pt", 3 * MiB, pool, content=spec, parallelism=4, request_size=MiB)
+
+
+KILLED_MID_UPLOAD = """
+import sys, time
+from dlio_ckpt_ext.storage.objstore import ObjectBackend, ObjectOptions
+b = ObjectBackend(sys.argv[1], ObjectOptions(part_size="5MiB", max_in_flight=4))
+done = b.open_writer("done.pt", 5 << 20)
+done.write(memoryview(bytes(5 << 20)))
+done.close()
+writers = [b.open_writer(name, 40 << 20) for name in ("a.pt", "b.pt")]
+for w in writers:
+    for _ in range(2):
+        w.commit(len(w.reserve(5 << 20)))
+print("uploading", flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_rank_killed_mid_upload_leaves_no_upload_of_its_own_open(s3, tmp_path):
+    """SIGKILL (mpirun after its grace, the OOM killer): nothing in the process
+    runs, the rank's upload watch aborts the uploads it had open."""
+    import signal
+    import subprocess
+    import sys
+    import time
+    client = s3.client()
+    foreign = client.create_multipart_upload(Bucket=BUCKET, Key="killed/other.pt")["UploadId"]
+    proc = subprocess.Popen([sys.executable, "-c", KILLED_MID_UPLOAD, f"s3://{BUCKET}/killed"],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline() == "uploading\n"
+        assert len(client.list_multipart_uploads(Bucket=BUCKET, Prefix="killed/")["Uploads"]) == 3
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        deadline = time.monotonic() + 30
+        while True:
+            left = client.list_multipart_uploads(Bucket=BUCKET, Prefix="killed/").get("Uploads", [])
+            if len(left) <= 1 or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+    finally:
+        proc.kill()
+    assert [(u["Key"], u["UploadId"]) for u in left] == [("killed/other.pt", foreign)]  # not the rank's
+    listed = client.list_objects_v2(Bucket=BUCKET, Prefix="killed/")["Contents"]
+    assert [(o["Key"], o["Size"]) for o in listed] == [("killed/done.pt", 5 << 20)]

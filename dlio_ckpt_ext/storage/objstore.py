@@ -23,6 +23,7 @@ from dlio_ckpt_ext.config import parse_size
 from dlio_ckpt_ext.engine.threads import usable_cpus
 from dlio_ckpt_ext.errors import ConfigError, StorageError
 from dlio_ckpt_ext.storage.base import Backend, Reader, Writer
+from dlio_ckpt_ext.storage.upload_janitor import WATCH
 
 SCHEMES = ("s3", "file", "direct")
 STAT_CONCURRENCY = 64  # stats in flight while taking the inventory
@@ -86,6 +87,7 @@ class ObjectWriter(Writer):
 
     def __init__(self, uri: str, part_size: int, max_in_flight: int, size: int) -> None:
         self.uri, self.size = uri, size
+        WATCH.opening(uri)  # a rank killed while this upload is open leaves it to the watch
         with _errors(uri, "cannot start upload of"):
             self.writer = s3dlio.MultipartUploadWriter.from_uri(uri, part_size=part_size,
                                                                 max_in_flight=s3dlio_in_flight(max_in_flight),
@@ -106,6 +108,7 @@ class ObjectWriter(Writer):
     def close(self) -> None:
         with _errors(self.uri, "cannot complete upload of"):
             info = self.writer.close()
+        WATCH.done(self.uri)
         if info.get("total_bytes") != self.size:
             raise StorageError(f"upload of {self.uri} stored {info.get('total_bytes')} bytes, expected {self.size}")
 
@@ -113,7 +116,8 @@ class ObjectWriter(Writer):
         try:
             self.writer.abort()
         except Exception:  # noqa: BLE001 - best effort: the original error is what matters
-            pass
+            return  # still open: left to the rank's watch (and `dlio-ckpt-report uploads`)
+        WATCH.done(self.uri)
 
 
 class StreamWriter(Writer):
@@ -194,6 +198,8 @@ class ObjectBackend(Backend):
                               "a URI starting with " + ", ".join(f"{s}://" for s in SCHEMES))
         self.root, self.scheme, self.opts = root.rstrip("/"), scheme, opts
         self.lends_write_memory = scheme == "s3"  # multipart parts are filled in place
+        if scheme == "s3":
+            WATCH.start()  # now, not in the first timed save
         self.lends_read_memory = True  # ranged GETs are read where s3dlio put them
         self.part_size = parse_size("part_size", opts.part_size)
         self.runtime_threads = opts.runtime_threads or max(1, usable_cpus() // max(1, ranks_per_node))
