@@ -1,9 +1,10 @@
 """Find, and optionally abort, multipart uploads left open under an S3 prefix.
 
-A run aborts its own open uploads on any failure and on SIGINT/SIGTERM;
-what cannot be cleaned from inside the run is an upload open when a rank is
-killed with SIGKILL (or by the OOM killer), or when the server itself went
-away mid-upload (the abort request fails too). Those parts stay on the
+A run aborts its own open uploads on any failure and on SIGINT/SIGTERM, and
+each rank's upload watch (storage/upload_janitor.py, which uses the two
+calls below) aborts what a killed rank left open. What neither can clean:
+uploads open when the server itself went away mid-upload (the abort
+requests fail too) or when the whole node died. Those parts stay on the
 server, invisible to listings and billed by real stores, until aborted here.
 s3dlio has no call for listing multipart uploads, so this uses boto3 with
 the same AWS_* environment (AWS_ENDPOINT_URL, credentials, AWS_REGION).

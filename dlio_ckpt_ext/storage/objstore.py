@@ -198,8 +198,6 @@ class ObjectBackend(Backend):
                               "a URI starting with " + ", ".join(f"{s}://" for s in SCHEMES))
         self.root, self.scheme, self.opts = root.rstrip("/"), scheme, opts
         self.lends_write_memory = scheme == "s3"  # multipart parts are filled in place
-        if scheme == "s3":
-            WATCH.start()  # now, not in the first timed save
         self.lends_read_memory = True  # ranged GETs are read where s3dlio put them
         self.part_size = parse_size("part_size", opts.part_size)
         self.runtime_threads = opts.runtime_threads or max(1, usable_cpus() // max(1, ranks_per_node))
@@ -208,6 +206,8 @@ class ObjectBackend(Backend):
             if getattr(opts, key):
                 os.environ[env] = getattr(opts, key)
         os.environ["S3DLIO_RT_THREADS"] = str(self.runtime_threads)
+        if scheme == "s3":
+            WATCH.start()  # now (not in the first timed save), with the credentials just set
         local = scheme in ("file", "direct")
         self.reads_may_be_cached = local
         self.read_cache_method = ("none: file:// and direct:// reads may come from the page cache" if local
