@@ -178,6 +178,7 @@ def test_uploads_overlap_by_default_and_store_every_object_whole_and_verify(s3, 
     assert_tiny_objects(s3, "overlap/o")
     save = run.record()["concurrency"]["save"]
     assert save["files_at_once"] == 2 and save["requests_in_flight"] == 14
+    assert "requests in flight           14 x 32 MiB per rank (2 files at once)" in run.stdout
     # the first file of each checkpoint was closed only after the second's bytes were sent
     for stats in run.rank_stats():
         for rec in stats["phases"]["save"]:

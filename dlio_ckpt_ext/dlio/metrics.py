@@ -62,7 +62,9 @@ def results_block(phase: str, report: dict, cache_method: str = "", concurrency:
             f"generation-bound chunks: {report['chunks_fill_bound']})"] + (
             [f"  {'page cache':28s} {cache_method}"] if cache_method else []) + (
             [f"  {'requests in flight':28s} {concurrency['requests_in_flight']} x "
-             f"{concurrency['request_bytes'] / 2**20:g} MiB per rank"] if concurrency else [])
+             f"{concurrency['request_bytes'] / 2**20:g} MiB per rank"
+             + (f" ({concurrency['files_at_once']} files at once)" if "files_at_once" in concurrency else "")]
+            if concurrency else [])
 
 
 def write_json(path: str, data: dict) -> None:

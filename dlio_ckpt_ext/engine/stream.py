@@ -189,7 +189,6 @@ class FileWindow:
             abort_together(writers)
 
 
-
 def _send(backend: Backend, path: str, size: int, send: Callable[[Writer], list[Chunk]],
           fill_stage: Optional[str], window: FileWindow, gen_threads: int = 0) -> list[FileStats]:
     """Open a writer, let send() hand it the bytes, and pass the file to

@@ -22,7 +22,6 @@ Run as a file (not `-m`), so that starting it imports nothing of the package.
 """
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import threading
