@@ -255,8 +255,9 @@ def main() -> None:
                     continue
                 r = compare(args, env, ranks, workdir, label)
                 results[f"{link_text} x{ranks}"] = r
+                files = "overlapped" if r["raw_files_overlapped"] else "one after the other"
                 print(f"  ours / raw s3dlio (best: {r['best_write_in_flight']} parts, {r['best_read_in_flight']} GETs "
-                      f"in flight, files {'overlapped' if r['raw_files_overlapped'] else 'one after the other'}): save {r['save']}, load {r['load']}; peak RSS per rank: ours "
+                      f"in flight, files {files}): save {r['save']}, load {r['load']}; peak RSS per rank: ours "
                       f"{r['rss_ours'] / 2**20:.0f} MiB (buffers {r['buffers'] / 2**20:.0f} MiB), "
                       f"raw {r['rss_raw'] / 2**20:.0f} MiB", flush=True)
             finally:
