@@ -314,3 +314,14 @@ def test_open_files_are_aborted_side_by_side():
     writers = [BarrierAbortWriter(barrier), BarrierAbortWriter(barrier)]
     abort_together(writers)
     assert [w.aborted for w in writers] == [True, True]
+
+
+def test_aborting_a_file_twice_leaves_a_file_opened_since_alone(tmp_path):
+    b = backend(tmp_path)
+    writer = b.open_writer("ckpt/f.pt", MiB)
+    writer.abort()
+    with open(tmp_path / "other", "wb") as other:  # likely given the number just freed
+        writer.abort()  # what a failed close followed by the file window's abort does
+        other.write(b"still open")
+    assert (tmp_path / "other").read_bytes() == b"still open"
+    assert not (tmp_path / "ckpt" / "f.pt").exists()

@@ -82,10 +82,14 @@ class PosixWriter(Writer):
         os.close(self.fd)
 
     def abort(self) -> None:
-        try:
-            os.close(self.fd)
-        except OSError:
-            pass
+        # may run twice (a failed close aborts, then the engine's file window):
+        # closing the number again could close a file another thread opened since
+        fd, self.fd = self.fd, -1
+        if fd >= 0:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
         try:
             os.unlink(self.path)
         except FileNotFoundError:
