@@ -18,18 +18,20 @@ from dlio_ckpt_ext import plan
 from dlio_ckpt_ext.errors import ConfigError
 
 MECHANISM_CLASS = "dlio_ckpt_ext.dlio.mechanism.StreamingCheckpointing"
-STORAGE_TYPES = ("local_fs", "parallel_fs", "s3")
+#: direct_fs is MLCommons' DLIO fork's name for O_DIRECT local I/O; ours does
+#: it through the POSIX backend (O_DIRECT both ways, nothing else allowed)
+STORAGE_TYPES = ("local_fs", "parallel_fs", "s3", "direct_fs")
 ASYNC_MODES = ("disabled", "async")
 MiB = 1 << 20
 #: read requests in flight per rank when streaming.read_parallelism is 0, by storage type
 #: (measured: bench/remote_bench.py through an emulated remote link for s3, README)
-DEFAULT_READ_PARALLELISM = {"s3": 32, "local_fs": 16, "parallel_fs": 16}
+DEFAULT_READ_PARALLELISM = {"s3": 32, "local_fs": 16, "parallel_fs": 16, "direct_fs": 16}
 #: files of one checkpoint whose uploads a rank overlaps when streaming.concurrent_files
 #: is 0. S3: two, as measured through the emulated remote link (bench/remote_bench.py
 #: --ab, README): a file's last parts leave the link idle unless the next file starts.
 #: >1 needs a storage that lends its write memory (S3 parts), so overlapping files
 #: share no buffer pool
-DEFAULT_CONCURRENT_FILES = {"s3": 2, "local_fs": 1, "parallel_fs": 1}
+DEFAULT_CONCURRENT_FILES = {"s3": 2, "local_fs": 1, "parallel_fs": 1, "direct_fs": 1}
 
 
 @dataclass

@@ -6,12 +6,13 @@ repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 dlio="${DLIO:-2.0.0}"
 if [ "${1:-}" = "--dlio" ]; then dlio="$2"; shift 2; fi
 
-ensure_env() {  # ensure_env 2.0.0|upstream -> sets venv
+ensure_env() {  # ensure_env 2.0.0|upstream|mlcommons -> sets venv
   local flavour="$1" stamp want
   case "$flavour" in
     2.0.0) venv="${VENV:-$repo/.venv}" ;;
     upstream) venv="${VENV_UPSTREAM:-$repo/.venv-upstream}" ;;
-    *) echo "--dlio takes 2.0.0, upstream or both, not '$flavour'" >&2; return 2 ;;
+    mlcommons) venv="${VENV_MLCOMMONS:-$repo/.venv-mlcommons}" ;;
+    *) echo "--dlio takes 2.0.0, upstream, mlcommons, both or all, not '$flavour'" >&2; return 2 ;;
   esac
   stamp="$venv/.dlio-ckpt-ext-setup"
   want="$flavour $(cat "$repo"/requirements/*.txt "$repo/run_scripts/setup.sh" "$repo/setup.py" | sha256sum | cut -c1-16)"

@@ -9,12 +9,17 @@ from pathlib import Path
 
 from conftest import tool
 
-from dlio_ckpt_ext.dlio.provenance import dlio_has_checkpoint_workflow
+from dlio_ckpt_ext.dlio.provenance import dlio_has_checkpoint_workflow, dlio_is_mlcommons_fork
 from dlio_ckpt_ext.dlio.records import RECORD_FILE
 
 #: which DLIO this environment runs: upstream main prints its own [METRIC]
 #: lines (GB label, no ±) and ours become "[INFO] global window:" lines
 UPSTREAM = dlio_has_checkpoint_workflow()
+#: MLCommons' fork (what mlpstorage pins) runs its own loop like upstream main
+MLCOMMONS = dlio_is_mlcommons_fork()
+#: the start of our record's "dlio" field and dlio-benchmark's version in this environment
+FLAVOUR, DLIO_VERSION = ("mlcommons", "3.0.2") if MLCOMMONS else ("upstream", "2.0.0") if UPSTREAM \
+    else ("2.0.0", "2.0.0")
 _FIGURE = (r"Checkpoint (save|load) (duration \(seconds\)|I/O Throughput \((?:GiB|GB)/second\)): "
            r"([0-9.]+) \(\u00b1?([0-9.]+)\)$")
 DLIO_METRIC = re.compile(r"^\[METRIC\] " + _FIGURE, re.M)

@@ -68,3 +68,43 @@ def test_s3_uploads_two_files_at_once_by_default_and_the_memory_check_counts_bot
     assert parts["workload.storage.storage_options.max_in_flight"] == files_at_once * 18 * (32 << 20)
     local = load_config(OmegaConf.create({}), 4)
     assert local.concurrent_files == 1
+
+
+# MLCommons' DLIO fork's storage keys: honoured with the same meaning, or refused by name
+@pytest.mark.parametrize("storage_type, root, options, key, allowed", [
+    ("local_fs", "/tmp", {"storage_library": "s3dlio"}, "storage_library",
+     "unset with storage_type local_fs (it is MLCommons' DLIO fork's switch for storage_type direct_fs, or s3)"),
+    ("local_fs", "/tmp", {"uri_scheme": "direct"}, "uri_scheme", "unset with storage_type local_fs"),
+    ("direct_fs", "/tmp", {"storage_library": "minio"}, "storage_library", "s3dlio (or unset) with storage_type "
+                                                                          "direct_fs"),
+    ("direct_fs", "/tmp", {"uri_scheme": "file"}, "uri_scheme", "direct (or unset) with storage_type direct_fs"),
+    ("direct_fs", "/tmp", {"write_mode": "buffered"}, "write_mode",
+     "direct with storage_type direct_fs (O_DIRECT both ways); for buffered I/O use storage_type local_fs"),
+    ("direct_fs", "/tmp", {"read_mode": "buffered"}, "read_mode", "direct with storage_type direct_fs"),
+    ("s3", "s3://b/p", {"storage_library": "minio"}, "storage_library",
+     "s3dlio (this mechanism writes and reads objects through s3dlio; the fork's minio and s3torchconnector "
+     "clients belong to its own checkpoint mechanisms)"),
+    ("s3", "s3://b/p", {"uri_scheme": "gs"}, "uri_scheme", "s3, file, direct"),
+    ("s3", "s3://b/p", {"uri_scheme": "file"}, "uri_scheme", "s3 (the scheme of storage_root s3://b/p), or unset"),
+])
+def test_the_forks_storage_keys_are_refused_where_they_mean_nothing(storage_type, root, options, key, allowed):
+    from dlio_ckpt_ext.storage import open_backend
+    with pytest.raises(ConfigError) as e:
+        open_backend(storage_type, root, options)
+    assert e.value.key == f"workload.storage.storage_options.{key}"
+    assert str(e.value).startswith(f"invalid config: workload.storage.storage_options.{key}={options.get(key)!r}")
+    assert allowed in str(e.value)
+
+
+def test_direct_fs_is_o_direct_posix_and_the_forks_root_forms_are_understood(tmp_path):
+    from dlio_ckpt_ext.storage import open_backend
+    backend = open_backend("direct_fs", f"direct://{tmp_path}",
+                           {"storage_library": "s3dlio", "uri_scheme": "direct"})
+    described = backend.describe()
+    assert (described["storage_type"], described["root"]) == ("direct_fs", str(tmp_path))
+    assert (described["write_mode"], described["read_mode"]) == ("direct", "direct")
+    assert backend.write_cache_method.startswith("O_DIRECT writes") and backend.read_cache_method == "O_DIRECT reads"
+    # mlpstorage passes the bucket and the scheme apart
+    s3 = open_backend("s3", "bucket/prefix", {"uri_scheme": "s3", "storage_library": "s3dlio"})
+    assert s3.root == "s3://bucket/prefix"
+    assert open_backend("s3", str(tmp_path), {"uri_scheme": "file"}).root == f"file://{tmp_path}"

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from dlio_ckpt_ext.dlio.records import RECORD_FILE
-from dlio_run import UPSTREAM, dlio_command, run_dlio
+from dlio_run import DLIO_VERSION, FLAVOUR, UPSTREAM, dlio_command, run_dlio
 
 TINY = dict(L=4, h=512, f=1792, V=8192, heads=8, kv=2)
 
@@ -42,8 +42,8 @@ def test_tiny_preset_two_ranks_files_metrics_and_summary(workdir):
     assert summary["status"] == "success" and summary["ranks"] == 2 and summary["ranks_per_node"] == 2
     assert summary["checkpoint_bytes"] == 2 * (model + optim)
     assert summary["inventory"]["ok"] and summary["inventory"]["present"] == 12
-    assert summary["versions"]["dlio-benchmark"] == "2.0.0" and summary["versions"]["dgen-py"]
-    assert summary["dlio"].startswith("upstream" if UPSTREAM else "2.0.0")
+    assert summary["versions"]["dlio-benchmark"] == DLIO_VERSION and summary["versions"]["dgen-py"]
+    assert summary["dlio"].startswith(FLAVOUR)
     assert summary["config"]["effective"]["streaming"]["verify"] is True
     assert summary["threads"]["gen_threads_per_rank"] >= 1
     # adaptive generator threads: one per file saved, between 1 and the node share

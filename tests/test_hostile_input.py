@@ -7,7 +7,7 @@ import pytest
 
 from conftest import tool
 from dlio_ckpt_ext.report.cli import main as report_main
-from dlio_run import run_dlio
+from dlio_run import MLCOMMONS, run_dlio
 
 TWO_ONE = ["++workload.checkpoint.num_checkpoints_write=2", "++workload.checkpoint.num_checkpoints_read=1"]
 
@@ -93,3 +93,12 @@ def test_report_tools_name_the_damaged_file(one_run, tmp_path, capsys, damage, m
         assert report_main(argv) == 2
         err = capsys.readouterr().err
         assert message in err and "Traceback" not in err
+
+
+@pytest.mark.skipif(MLCOMMONS, reason="MLCommons' fork has direct_fs (tests/test_mlcommons.py)")
+def test_the_forks_direct_fs_is_refused_on_a_dlio_without_it(workdir):
+    run = run_dlio(workdir, 2, "llama3_tiny_checkpoint", *TWO_ONE, "++workload.storage.storage_type=direct_fs")
+    assert run.returncode == 2
+    assert "invalid config: workload.storage.storage_type='direct_fs'; allowed: local_fs (O_DIRECT reads and " \
+           "writes by default), parallel_fs or s3: direct_fs is MLCommons' DLIO fork's storage type, and this " \
+           "DLIO has none" in run.stderr

@@ -12,7 +12,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from dlio_ckpt_ext.dlio import context
-from dlio_ckpt_ext.dlio.provenance import dlio_has_checkpoint_workflow
+from dlio_ckpt_ext.dlio.provenance import dlio_has_checkpoint_workflow, dlio_is_mlcommons_fork
 from dlio_ckpt_ext.redact import redact_text
 
 #: files that mark a directory as another run's results
@@ -137,6 +137,10 @@ def check_workload(workload: DictConfig) -> None:
     try:
         check_sections(workload)
         cfg = load_config(workload, comm.size)
+        if cfg.storage.storage_type == "direct_fs" and not dlio_is_mlcommons_fork():
+            raise ConfigError("workload.storage.storage_type", "direct_fs",
+                              "local_fs (O_DIRECT reads and writes by default), parallel_fs or s3: direct_fs "
+                              "is MLCommons' DLIO fork's storage type, and this DLIO has none")
         check_memory(cfg, topology(comm).ranks_per_node, comm.size)
         name = str(OmegaConf.select(workload, "checkpoint.checkpoint_mechanism_classname") or "")
         module, _, cls = name.rpartition(".")

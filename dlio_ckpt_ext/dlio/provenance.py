@@ -25,12 +25,22 @@ def dlio_has_checkpoint_workflow() -> bool:
     return hasattr(ConfigArguments, "num_checkpoints_write")
 
 
+def dlio_is_mlcommons_fork() -> bool:
+    """MLCommons' fork (what mlpstorage pins) has storage_type direct_fs and
+    its own object-store layer; neither PyPI's 2.0.0 nor upstream main has."""
+    from dlio_benchmark.common.enumerations import StorageType
+    return hasattr(StorageType, "DIRECT_FS")
+
+
 def dlio_flavor() -> str:
-    """Which DLIO ran: both report version 2.0.0."""
+    """Which DLIO ran: PyPI's and upstream main both report version 2.0.0."""
     try:
         upstream = dlio_has_checkpoint_workflow()
+        fork = dlio_is_mlcommons_fork()
     except ImportError:
         return "none"
+    if fork:
+        return "mlcommons fork (DLIO_local_changes; own checkpoint workflow)"
     return "upstream main (own checkpoint workflow)" if upstream else \
         "2.0.0 (PyPI; checkpoint workflow from dlio-ckpt-ext)"
 

@@ -25,7 +25,7 @@ from dlio_ckpt_ext.config import MECHANISM_CLASS
 from dlio_ckpt_ext.dlio import context
 from dlio_ckpt_ext.storage import Backend, open_backend
 
-OUR_TYPES = {"local_fs", "parallel_fs", "s3"}
+OUR_TYPES = {"local_fs", "parallel_fs", "s3", "direct_fs"}
 
 
 class StreamingStorage(DataStorage):
@@ -145,4 +145,36 @@ def install() -> None:
             self.storage_type = StorageType.S3
 
     ConfigArguments.validate = validate
+    if hasattr(StorageType, "DIRECT_FS"):  # MLCommons' fork
+        _install_fork_storage_library()
     _installed = True
+
+
+#: what DLIO itself may keep of our storage options: not the credentials
+_SECRET_OPTIONS = ("access_key_id", "secret_access_key")
+
+
+def _install_fork_storage_library() -> None:
+    """MLCommons' fork picks its own checkpoint mechanism for storage_type s3
+    from storage_options.storage_library, and stops without one. Our object
+    I/O is s3dlio's (ObjectOptions.storage_library), so an unset one means
+    s3dlio, as our storage options default to. The fork also copies AWS_*
+    credentials from the environment into its storage_options and prints
+    them at start-up; our backend takes them from the workload and the
+    environment itself, so for our workloads DLIO keeps the options the
+    workload gave, less the credentials."""
+    import dlio_benchmark.main as dlio_main
+    dlio_load_config = dlio_main.LoadConfig
+
+    def load_config(args, config):
+        dlio_load_config(args, config)
+        if not ours(args):
+            return
+        given = OmegaConf.select(context.get_workload(), "storage.storage_options")
+        options = {k: v for k, v in (OmegaConf.to_container(given) if given else {}).items()
+                   if k not in _SECRET_OPTIONS}
+        if args.storage_type == StorageType.S3:
+            options.setdefault("storage_library", "s3dlio")
+        args.storage_options = options
+
+    dlio_main.LoadConfig = load_config

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import posixpath
 
-from dlio_ckpt_ext.config import structured
+from dlio_ckpt_ext.config import STORAGE_TYPES, structured
 from dlio_ckpt_ext.errors import ConfigError
 from dlio_ckpt_ext.storage.base import Backend, Reader, Writer
 
@@ -14,16 +14,20 @@ def open_backend(storage_type: str, root: str, options: dict, fsync: bool = True
                  ranks_per_node: int = 1) -> Backend:
     """The backend for `root` (a directory, or a URI for object storage)."""
     prefix = "workload.storage.storage_options."
-    if storage_type in ("local_fs", "parallel_fs"):
+    if storage_type in ("local_fs", "parallel_fs", "direct_fs"):
         from dlio_ckpt_ext.storage.posix import PosixBackend, PosixOptions
+        if storage_type == "direct_fs" and root.startswith("direct://"):
+            root = root[len("direct://"):]  # the fork's scheme for the same directory
         if "://" in root:
             raise ConfigError("workload.storage.storage_root", root,
                               f"a directory path for storage_type {storage_type} (URIs need storage_type s3)")
-        return PosixBackend(root, structured(PosixOptions, options, prefix), fsync)
+        opts = structured(PosixOptions, options, prefix)
+        opts.check_storage_type(storage_type, prefix)
+        return PosixBackend(root, opts, fsync, storage_type)
     if storage_type == "s3":
         from dlio_ckpt_ext.storage.objstore import ObjectBackend, ObjectOptions
         return ObjectBackend(root, structured(ObjectOptions, options, prefix), ranks_per_node)
-    raise ConfigError("workload.storage.storage_type", storage_type, "local_fs, parallel_fs, s3")
+    raise ConfigError("workload.storage.storage_type", storage_type, ", ".join(STORAGE_TYPES))
 
 
 def join_root(storage_root: str, folder: str) -> str:

@@ -43,8 +43,19 @@ class ObjectOptions:
     part_size: str = "32MiB"                 # multipart part size; keep it equal to the chunk size
     max_in_flight: int = 16                  # parts of one object in client memory at once (see below)
     runtime_threads: int = 0                 # s3dlio runtime threads; 0 = usable CPUs / ranks on this node
+    # MLCommons' DLIO fork requires storage_library with storage_type s3 (minio,
+    # s3dlio or s3torchconnector: its own mechanisms' clients); this mechanism's
+    # object I/O is s3dlio's, so that is the one value with a meaning here
+    storage_library: str = "s3dlio"
+    uri_scheme: Optional[str] = None         # the fork's scheme option: s3, file or direct; must match the root
 
     def validate(self, key: str) -> None:
+        if self.storage_library != "s3dlio":
+            raise ConfigError(key + "storage_library", self.storage_library,
+                              "s3dlio (this mechanism writes and reads objects through s3dlio; the fork's "
+                              "minio and s3torchconnector clients belong to its own checkpoint mechanisms)")
+        if self.uri_scheme is not None and self.uri_scheme not in SCHEMES:
+            raise ConfigError(key + "uri_scheme", self.uri_scheme, ", ".join(SCHEMES))
         size = parse_size(key + "part_size", self.part_size)
         if size < 5 << 20:
             raise ConfigError(key + "part_size", self.part_size, "at least 5MiB (the S3 minimum part size)")
@@ -188,7 +199,12 @@ class ObjectReader(Reader):
 
 class ObjectBackend(Backend):
     def __init__(self, root: str, opts: ObjectOptions, ranks_per_node: int = 1) -> None:
+        if opts.uri_scheme and "://" not in root:  # mlpstorage passes the bucket, the scheme apart
+            root = f"{opts.uri_scheme}://{root.lstrip('/') if opts.uri_scheme == 's3' else root}"
         scheme = root.split("://", 1)[0] if "://" in root else ""
+        if opts.uri_scheme and scheme != opts.uri_scheme:
+            raise ConfigError("workload.storage.storage_options.uri_scheme", opts.uri_scheme,
+                              f"{scheme} (the scheme of storage_root {root}), or unset")
         if scheme in UNSTREAMABLE:
             raise ConfigError("workload.storage.storage_root", root,
                               f"s3://, file:// or direct:// (s3dlio {s3dlio.__version__}: {UNSTREAMABLE[scheme]}, "

@@ -6,6 +6,7 @@ import errno
 import fcntl
 import os
 from dataclasses import dataclass
+from typing import Optional
 
 from dlio_ckpt_ext.engine.buffers import PAGE
 from dlio_ckpt_ext.errors import ConfigError, StorageError
@@ -19,11 +20,35 @@ class PosixOptions:
     write_mode: str = "direct"   # direct (O_DIRECT) | buffered (page cache + fsync)
     read_mode: str = "direct"    # direct (O_DIRECT) | buffered
     fadvise: bool = True         # DONTNEED after each written file and before buffered reads
+    # MLCommons' DLIO fork demands these with its storage_type direct_fs
+    # (s3dlio's direct:// scheme); only those values are accepted, and only there
+    storage_library: Optional[str] = None   # direct_fs: s3dlio
+    uri_scheme: Optional[str] = None        # direct_fs: direct
 
     def validate(self, prefix: str) -> None:
         for key in ("write_mode", "read_mode"):
             if getattr(self, key) not in IO_MODES:
                 raise ConfigError(f"{prefix}{key}", getattr(self, key), " or ".join(IO_MODES))
+
+    def check_storage_type(self, storage_type: str, prefix: str) -> None:
+        """direct_fs means O_DIRECT reads and writes, and nothing else; the fork's
+        keys that select its s3dlio path mean nothing for a plain local_fs."""
+        fork_keys = {"storage_library": "s3dlio", "uri_scheme": "direct"}
+        for key, wanted in fork_keys.items():
+            value = getattr(self, key)
+            if value is None:
+                continue
+            if storage_type != "direct_fs":
+                raise ConfigError(f"{prefix}{key}", value, f"unset with storage_type {storage_type} (it is "
+                                  "MLCommons' DLIO fork's switch for storage_type direct_fs, or s3)")
+            if value != wanted:
+                raise ConfigError(f"{prefix}{key}", value, f"{wanted} (or unset) with storage_type direct_fs")
+        if storage_type == "direct_fs":
+            for key in ("write_mode", "read_mode"):
+                if getattr(self, key) != "direct":
+                    raise ConfigError(f"{prefix}{key}", getattr(self, key),
+                                      "direct with storage_type direct_fs (O_DIRECT both ways); for buffered "
+                                      "I/O use storage_type local_fs")
 
 
 def _os_error(path: str, action: str, exc: OSError) -> StorageError:
@@ -129,8 +154,9 @@ class PosixReader(Reader):
 
 
 class PosixBackend(Backend):
-    def __init__(self, root: str, opts: PosixOptions, fsync: bool = True) -> None:
+    def __init__(self, root: str, opts: PosixOptions, fsync: bool = True, storage_type: str = "local_fs") -> None:
         self.root, self.opts, self.fsync = os.path.abspath(root), opts, fsync
+        self.storage_type = storage_type
         self.read_cache_method = {
             "direct": "O_DIRECT reads",
             "buffered": "posix_fadvise(DONTNEED) after write and before read" if opts.fadvise else "none",
@@ -191,6 +217,6 @@ class PosixBackend(Backend):
             return []
 
     def describe(self) -> dict:
-        return {"storage_type": "local_fs", "root": self.root,
+        return {"storage_type": self.storage_type, "root": self.root,
                 "write_mode": self.opts.write_mode, "read_mode": self.opts.read_mode,
                 "fsync": self.fsync, "fadvise": self.opts.fadvise, **super().describe()}
