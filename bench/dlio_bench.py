@@ -8,7 +8,8 @@ writes about --gib-per-rank, local_fs with O_DIRECT, our defaults) from each
 DLIO's environment (run_scripts/setup.sh --dlio NAME builds them). Every other
 DLIO is paired with the first one (the reference) in interleaved pairs, A B /
 B A, a warm-up pair first, and the ratios are order-balanced (bench/pairs.py).
-Prints per pair both runs' figures, then per DLIO against the reference:
+Prints per pair both runs' figures, then per DLIO against the reference (in
+the ratios' wording, "ours" is the DLIO named first):
 - save and load throughput over our global windows (ckpt_ext_summary.json),
 - the same from the summary.json DLIO's own reporter wrote (ours on 2.0.0),
 - the time outside our checkpoint windows: DLIO's start-up (launch to our
@@ -30,7 +31,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(HERE))
-from local_bench import SHARED_DIR, settle, shape  # noqa: E402
+from local_bench import disk_options, dlio_command, settle, shape  # noqa: E402
 from pairs import OrderedRatios, check_pairs  # noqa: E402
 
 VENVS = {"2.0.0": ".venv", "upstream": ".venv-upstream", "mlcommons": ".venv-mlcommons"}
@@ -49,15 +50,7 @@ def run(args, dlio: str, ranks: int, hidden: int, tag: str, workdir: Path) -> di
     bin_dir, out = venv_bin(dlio), workdir / tag
     cmd = [str(bin_dir / "mpirun"), "--oversubscribe", "-np", str(ranks)]
     cmd += ["--allow-run-as-root"] if os.geteuid() == 0 else []
-    cmd += [str(bin_dir / "dlio_benchmark"), "workload=llama3_tiny_checkpoint",
-            f"++workload.checkpoint.checkpoint_folder={Path(args.dir) / SHARED_DIR}",
-            f"++workload.output.folder={out}",
-            f"++workload.checkpoint.num_checkpoints_write={args.writes}",
-            f"++workload.checkpoint.num_checkpoints_read={args.reads}",
-            "++workload.checkpoint.keep_files=False", "++workload.model.num_layers=2",
-            f"++workload.model.transformer.hidden_size={hidden}",
-            f"++workload.model.transformer.ffn_hidden_size={hidden * 7 // 2}",
-            "++workload.model.transformer.vocab_size=32000"]
+    cmd += dlio_command(args, hidden, out, bin_dir)
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PATH": f"{bin_dir}:{os.environ['PATH']}"}
     env.pop("VIRTUAL_ENV", None)
     launched = time.time()
@@ -77,15 +70,10 @@ def run(args, dlio: str, ranks: int, hidden: int, tag: str, workdir: Path) -> di
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--dir", required=True, help="a directory on the disk to measure")
     ap.add_argument("--dlios", default="mlcommons,upstream,2.0.0",
                     help="the first is the reference the others are paired with")
     ap.add_argument("--ranks", type=int, default=2)
-    ap.add_argument("--pairs", type=int, default=4, help="an even number: as many pairs with each order")
-    ap.add_argument("--settle", type=float, default=5.0, help="seconds of idle disk before every run")
-    ap.add_argument("--writes", type=int, default=3)
-    ap.add_argument("--reads", type=int, default=3)
-    ap.add_argument("--gib-per-rank", type=float, default=1.0)
+    disk_options(ap, settle=5.0, checkpoints=3)
     args = ap.parse_args()
     check_pairs(ap, args.pairs)
     dlios = args.dlios.split(",")
@@ -103,7 +91,7 @@ def main() -> None:
             got = {}
             for dlio in order:
                 settle(args.settle)
-                got[dlio] = run(args, dlio, args.ranks, model["hidden"], f"{dlio}-vs-{other}-{i}", workdir)
+                got[dlio] = run(args, dlio, args.ranks, model["hidden"], f"{other}-pair{i}-{dlio}", workdir)
             print(f"  {other} / {reference} pair {i}{' (warm-up)' if i == 0 else ''}, {order[0]} first: "
                   + "; ".join(f"{d} save {g['save']:.2f} load {g['load']:.2f} GiB/s, outside windows "
                               f"{g['startup_s']:.1f} + {g['loop_s']:.2f} + {g['end_s']:.1f} s"

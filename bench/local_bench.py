@@ -59,17 +59,22 @@ def settle(seconds: float) -> None:
     time.sleep(seconds)
 
 
+def dlio_command(args, hidden: int, out: Path, bin_dir: Path = BIN) -> list[str]:
+    """Our defaults on the tiny preset scaled to `hidden`, into args.dir, results to `out`."""
+    return [str(bin_dir / "dlio_benchmark"), "workload=llama3_tiny_checkpoint",
+            f"++workload.checkpoint.checkpoint_folder={Path(args.dir) / SHARED_DIR}",
+            f"++workload.output.folder={out}",
+            f"++workload.checkpoint.num_checkpoints_write={args.writes}",
+            f"++workload.checkpoint.num_checkpoints_read={args.reads}",
+            "++workload.checkpoint.keep_files=False", "++workload.model.num_layers=2",
+            f"++workload.model.transformer.hidden_size={hidden}",
+            f"++workload.model.transformer.ffn_hidden_size={hidden * 7 // 2}",
+            "++workload.model.transformer.vocab_size=32000"]
+
+
 def run_ours(args, ranks: int, hidden: int, tag: str, workdir: Path) -> dict:
     out = workdir / tag
-    cmd = mpirun(ranks) + [str(BIN / "dlio_benchmark"), "workload=llama3_tiny_checkpoint",
-                           f"++workload.checkpoint.checkpoint_folder={Path(args.dir) / SHARED_DIR}",
-                           f"++workload.output.folder={out}",
-                           f"++workload.checkpoint.num_checkpoints_write={args.writes}",
-                           f"++workload.checkpoint.num_checkpoints_read={args.reads}",
-                           "++workload.checkpoint.keep_files=False", "++workload.model.num_layers=2",
-                           f"++workload.model.transformer.hidden_size={hidden}",
-                           f"++workload.model.transformer.ffn_hidden_size={hidden * 7 // 2}",
-                           "++workload.model.transformer.vocab_size=32000"]
+    cmd = mpirun(ranks) + dlio_command(args, hidden, out)
     res = subprocess.run(cmd, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}, cwd=workdir,
                          capture_output=True, text=True)
     if res.returncode:
@@ -89,15 +94,20 @@ def run_raw(args, ranks: int, sizes: list[int]) -> dict:
     return raw_result(cmd, None, sizes, ranks)
 
 
+def disk_options(ap: argparse.ArgumentParser, settle: float, checkpoints: int) -> None:
+    """The options of a bench of paired runs on a local disk."""
+    ap.add_argument("--dir", required=True, help="a directory on the disk to measure")
+    ap.add_argument("--pairs", type=int, default=4, help="an even number: as many pairs with each order")
+    ap.add_argument("--settle", type=float, default=settle, help="seconds of idle disk before every run")
+    ap.add_argument("--writes", type=int, default=checkpoints)
+    ap.add_argument("--reads", type=int, default=checkpoints)
+    ap.add_argument("--gib-per-rank", type=float, default=1.0)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--dir", required=True, help="a directory on the disk to measure")
     ap.add_argument("--ranks", default="1,2,4")
-    ap.add_argument("--pairs", type=int, default=4, help="an even number: as many pairs with each order")
-    ap.add_argument("--settle", type=float, default=10.0, help="seconds of idle disk before every run")
-    ap.add_argument("--writes", type=int, default=2)
-    ap.add_argument("--reads", type=int, default=2)
-    ap.add_argument("--gib-per-rank", type=float, default=1.0)
+    disk_options(ap, settle=10.0, checkpoints=2)
     args = ap.parse_args()
     check_pairs(ap, args.pairs)
     workdir = Path(tempfile.mkdtemp(prefix="local-bench-"))

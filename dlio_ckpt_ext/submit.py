@@ -1,13 +1,16 @@
 """dlio-ckpt-submit: an MLPerf Storage checkpointing submission run.
 
 Checks the CLOSED rules for the preset, host list and ranks per host, runs
-the write phase, drops every host's page cache when it can (root), starts
-the read phase within 30 s, and writes submission.json next to both
-phases' results:
+the write invocation, drops every host's page cache when it can (root),
+starts the read invocation, and writes the submission tree MLCommons'
+checker reads (submission_tree.py), with results.json (the submission's
+summary, the gap between the invocations included) in the model folder:
 
-  dlio-ckpt-submit --workload llama3_8b_checkpoint --hosts node1,node2 --ranks-per-host 4
-  dlio-ckpt-submit --workload llama3_tiny_checkpoint --ranks-per-host 2 --open -- \\
-      ++workload.checkpoint.num_checkpoints_write=2 ++workload.checkpoint.num_checkpoints_read=2
+  dlio-ckpt-submit --model llama3-8b --hosts node1,node2 --num-processes 8 --org ORG --system SYS \\
+      --results-dir RESULTS --checkpoint-folder /mnt/ckpt
+  dlio-ckpt-submit --workload llama3_8b_checkpoint --ranks-per-host 2 --open -- ++workload.model.num_layers=2
+  dlio-ckpt-submit datasize --model llama3-8b --num-processes 8
+  dlio-ckpt-submit system-yaml --model llama3-8b --hosts node1,node2 --num-processes 8 --results-dir RESULTS
 """
 from __future__ import annotations
 
@@ -17,17 +20,19 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 from dlio_ckpt_ext import plan
+from dlio_ckpt_ext import submission_tree as tree
 from dlio_ckpt_ext.config import RunConfig, load_config
 from dlio_ckpt_ext.dlio.records import RECORD_FILE
 from dlio_ckpt_ext.errors import ConfigError
 from dlio_ckpt_ext.executables import find_executable
-from dlio_ckpt_ext.redact import redact_args, redact_text
+from dlio_ckpt_ext.redact import redact_args, redact_text, redact_tree
 from dlio_ckpt_ext.report.results import flatten
 
 CLOSED_PROCESSES = {"llama3_8b": 8, "llama3_70b": 64, "llama3_405b": 512, "llama3_1t": 1024}
@@ -43,6 +48,7 @@ class Submission:
     ranks_per_host: int
     overrides: list[str] = field(default_factory=list)
     subset_data: Optional[int] = None  # subset mode: data-parallel degree of the full job
+    host_ram_gib: Optional[float] = None  # RAM per host as given (default: this host's, measured)
 
     @property
     def ranks(self) -> int:
@@ -148,6 +154,21 @@ def check_closed_rules(sub: Submission, cfg: RunConfig, can_drop_cache: bool, ra
     return out
 
 
+
+def parse_hosts(text: str) -> list[str]:
+    """--hosts as mpirun will use it: each host once, none empty (a host listed
+    twice would put its ranks on one machine while the rules count two)."""
+    hosts = [h.strip() for h in text.split(",")]
+    for i, host in enumerate(hosts, 1):
+        if not host:
+            raise ConfigError("--hosts", text, f"comma-separated host names, none empty (entry {i} is empty)")
+    repeated = sorted({h for h in hosts if hosts.count(h) > 1})
+    if repeated:
+        raise ConfigError("--hosts", text, f"each host once (listed more than once: {', '.join(repeated)}); "
+                                           "ranks per host go in --ranks-per-host or --num-processes")
+    return hosts
+
+
 def mpirun(sub: Submission, np_per_host: int, command: list[str], extra: list[str]) -> list[str]:
     hosts = ",".join(f"{h}:{np_per_host}" for h in sub.hosts)
     args = [find_executable("mpirun"), "--host", hosts, "-np", str(len(sub.hosts) * np_per_host)]
@@ -158,15 +179,159 @@ def mpirun(sub: Submission, np_per_host: int, command: list[str], extra: list[st
     return args + extra + command
 
 
-def run_phase(sub: Submission, name: str, results: Path, phase_overrides: list[str], extra: list[str]) -> dict:
-    out = results / name
-    dlio = [find_executable("dlio_benchmark"), f"workload={sub.workload}", *sub.all_overrides, *phase_overrides,
-            f"++workload.output.folder={out}"]
+def _tee(stream, *sinks) -> threading.Thread:
+    def pump():
+        for line in iter(stream.readline, ""):
+            for sink in sinks:
+                sink.write(line)
+                sink.flush()
+    thread = threading.Thread(target=pump, daemon=True)
+    thread.start()
+    return thread
+
+
+def run_logged(cmd: list[str], folder: Path) -> int:
+    """Run `cmd` with its console output on the console and in the invocation's
+    checkpointing_run.{stdout,stderr}.log (credentials redacted by the run itself)."""
+    with open(folder / tree.STDOUT_LOG, "w") as out, open(folder / tree.STDERR_LOG, "w") as err:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        threads = [_tee(proc.stdout, sys.stdout, out), _tee(proc.stderr, sys.stderr, err)]
+        code = proc.wait()
+        for t in threads:
+            t.join()
+    return code
+
+
+def dotted(overrides: list[str]) -> dict[str, Any]:
+    """++workload.a.b=v overrides as {"a.b": v} (the metadata's override_parameters)."""
+    import yaml
+    out = {}
+    for o in overrides:
+        key, _, value = o.lstrip("+").partition("=")
+        if key.startswith("workload."):
+            out[key[len("workload."):]] = yaml.safe_load(value) if value else value
+    return out
+
+
+@dataclass
+class Invocation:
+    """One DLIO run of the submission: its folder, its record and DLIO's summary."""
+    folder: Path
+    record: dict
+    summary: dict
+
+    @property
+    def start(self) -> datetime.datetime:
+        return datetime.datetime.fromisoformat(self.summary["start"])
+
+    @property
+    def end(self) -> datetime.datetime:
+        return datetime.datetime.fromisoformat(self.summary["end"])
+
+    @property
+    def duration_s(self) -> float:
+        return (self.end - self.start).total_seconds()
+
+
+def gap_violations(write: Invocation, read: Invocation) -> tuple[float, list[str]]:
+    """The gap between the write invocation's end and the read's start, from
+    DLIO's summary.json as the checker reads it, and the rules it breaks."""
+    gap = (read.start - write.end).total_seconds()
+    slower = max(write.duration_s, read.duration_s)
+    out = []
+    if gap > READ_START_LIMIT_S:
+        out.append(f"4.7.1 checkpointCacheFlushValidation: the read invocation started {gap:.1f} s after the "
+                   f"write invocation ended; at most {READ_START_LIMIT_S:.0f} s")
+    if gap >= slower:
+        out.append(f"2.1.24 checkpointingTimestampGap: the gap between the invocations ({gap:.1f} s) is not "
+                   f"shorter than the slower invocation ({slower:.1f} s)")
+    if gap < 0:
+        out.append(f"4.7.1 checkpointCacheFlushValidation: the read invocation started {-gap:.1f} s before "
+                   "the write invocation ended")
+    return gap, out
+
+
+@dataclass
+class Place:
+    """Where the submission goes: <results>/<division>/<org>/results/<system>/..."""
+    results: Path
+    division: str
+    org: str
+    system: str
+
+    def model_folder(self, model_name: str) -> Path:
+        return tree.model_folder(self.results, self.division, self.org, self.system, model_name)
+
+
+def run_invocation(sub: Submission, place: Place, cfg: RunConfig, phase_overrides: list[str],
+                   extra: list[str]) -> Invocation:
+    folder, _ = tree.new_invocation_folder(place.model_folder(cfg.model.name))
+    overrides = [*sub.all_overrides, *phase_overrides]
+    dlio = [find_executable("dlio_benchmark"), f"workload={sub.workload}", *overrides,
+            *tree.hydra_overrides(folder)]
     cmd = mpirun(sub, sub.ranks_per_host, dlio, extra)
-    print(f"[submit] {name} phase: {' '.join(redact_args(cmd))}", flush=True)
-    if subprocess.call(cmd) != 0:
-        raise SystemExit(f"[submit] the {name} phase failed; see its output above")
-    return json.loads((out / RECORD_FILE).read_text())
+    print(f"[submit] invocation {folder.name}: {' '.join(redact_args(cmd))}", flush=True)
+    started = time.time()
+    code = run_logged(cmd, folder)
+    ended = time.time()
+    record_path = folder / RECORD_FILE
+    if code != 0 or not record_path.exists():
+        raise SystemExit(f"[submit] the invocation in {folder} failed (exit code {code}); see its output above "
+                         f"and {folder / tree.STDERR_LOG}")
+    record = json.loads(record_path.read_text())
+    summary = json.loads((folder / "summary.json").read_text())
+    checkpoint_root = record["storage"]["root"]
+    with open(folder / tree.STDOUT_LOG, "a") as out:
+        out.write("\n" + tree.df_block([checkpoint_root, str(place.results)]) + "\n")
+    effective = record["config"]["effective"]
+    c = effective["checkpoint"]
+    model = tree.model_folder_name(cfg.model.name)
+    meta = tree.metadata(
+        model=model, command="run", start=started, end=ended, num_processes=sub.ranks, division=place.division,
+        parameters=effective, override_parameters=redact_tree(dotted(overrides)),
+        args={"model": model, "num_processes": sub.ranks, "hosts": sub.hosts, "checkpoint_folder": checkpoint_root,
+              "results_dir": str(place.results), "num_checkpoints_write": c["num_checkpoints_write"],
+              "num_checkpoints_read": c["num_checkpoints_read"], "client_host_memory_in_gb": sub.host_ram_gib},
+        metrics=summary.get("metric", {}), hosts=record.get("hosts", sub.hosts))
+    tree.write_json(tree.metadata_path(folder), meta)
+    return Invocation(folder, record, summary)
+
+
+def run_submission(sub: Submission, place: Place, cfg: RunConfig, violations: list[str], extra: list[str]) -> int:
+    c = cfg.checkpoint
+    place.results.mkdir(parents=True, exist_ok=True)
+    tree.mark_results_dir(place.results, place.org)
+    write = run_invocation(sub, place, cfg, ["++workload.checkpoint.num_checkpoints_read=0"], extra)
+    dropped, cache_note = drop_caches(sub, extra)
+    print(f"[submit] {cache_note}", flush=True)
+    read = run_invocation(sub, place, cfg, ["++workload.checkpoint.num_checkpoints_write=0",
+                                            f"++workload.checkpoint.num_checkpoints_read={c.num_checkpoints_read}"],
+                          extra)
+    gap, timing = gap_violations(write, read)
+    model_folder = place.model_folder(cfg.model.name)
+    report = {"workload": sub.workload, "model": tree.model_folder_name(cfg.model.name), "division": place.division,
+              "org": place.org, "system": place.system, "hosts": sub.hosts, "ranks_per_host": sub.ranks_per_host,
+              "ranks": sub.ranks, "overrides": redact_args(sub.all_overrides),
+              "valid": not timing, "closed_rule_violations": violations, "timing_rule_violations": timing,
+              "page_cache_dropped": dropped, "cache_note": cache_note,
+              "read_start_after_write_s": gap,
+              "invocation_seconds": {"write": write.duration_s, "read": read.duration_s},
+              "save": {k: write.record["save"][k] for k in ("throughput_gib_s_mean", "throughput_gib_s_std",
+                                                            "duration_s_mean", "duration_s_std")},
+              "load": {k: read.record["load"][k] for k in ("throughput_gib_s_mean", "throughput_gib_s_std",
+                                                           "duration_s_mean", "duration_s_std")},
+              "invocations": {"write": write.folder.name, "read": read.folder.name},
+              "finished_at": time.time()}
+    tree.write_json(model_folder / tree.RESULTS_FILE, report)
+    print(f"[submit] the read invocation started {gap:.1f} s after the write invocation ended (DLIO's summary.json; "
+          f"the rules: under {READ_START_LIMIT_S:.0f} s and under the slower invocation, "
+          f"{max(write.duration_s, read.duration_s):.1f} s)", flush=True)
+    for v in timing:
+        print(f"[submit] timing rule broken: {v}", file=sys.stderr, flush=True)
+    print(f"[submit] {place.division.upper()}{'' if not timing else ' (INVALID: timing rules broken)'}: save "
+          f"{report['save']['throughput_gib_s_mean']:.4f} GiB/s, load {report['load']['throughput_gib_s_mean']:.4f} "
+          f"GiB/s; {model_folder / tree.RESULTS_FILE}", flush=True)
+    return 1 if timing else 0
 
 
 def drop_caches(sub: Submission, extra: list[str]) -> tuple[bool, str]:
@@ -179,68 +344,147 @@ def drop_caches(sub: Submission, extra: list[str]) -> tuple[bool, str]:
     return True, "page cache dropped on every host (sync; echo 3 > /proc/sys/vm/drop_caches)"
 
 
-def main(argv: list[str] | None = None) -> int:
+def datasize(sub: Submission, cfg: RunConfig, ram: int) -> None:
+    """mlpstorage's `checkpointing datasize`, from the plan's exact bytes."""
+    c = cfg.checkpoint
+    per_rank = [plan.rank_plan(cfg.shape, cfg.parallelism, sub.ranks, r).total_bytes for r in range(sub.ranks)]
+    total = sum(per_rank)
+    print(f"[submit] {sub.workload}: {sub.ranks} processes on {len(sub.hosts)} host(s), "
+          f"{sub.ranks_per_host} per host")
+    for r, n in enumerate(per_rank):
+        print(f"  rank {r}: {n} bytes ({n / 2**30:.2f} GiB) per checkpoint")
+    for i, host in enumerate(sub.hosts):
+        n = sum(per_rank[i * sub.ranks_per_host:(i + 1) * sub.ranks_per_host])
+        written = n * c.num_checkpoints_write
+        print(f"  host {host}: {n} bytes ({n / 2**30:.2f} GiB) per checkpoint, {written} bytes "
+              f"({written / 2**30:.2f} GiB) in {c.num_checkpoints_write} writes; "
+              f"{'at least' if written >= 3 * ram else 'less than'} 3x its memory ({3 * ram / 2**30:.2f} GiB), "
+              "which the rules ask for when the page cache cannot be dropped")
+    print(f"  per checkpoint: {total} bytes ({total / 2**30:.2f} GiB)")
+    print(f"  capacity for {c.num_checkpoints_write} checkpoints: {total * c.num_checkpoints_write} bytes "
+          f"({total * c.num_checkpoints_write / 2**30:.2f} GiB)")
+
+
+def system_yaml(hosts: list[str], place: Optional[Place], system: str, ram: int) -> None:
+    """A skeleton systems/<system>.yaml: measured client facts, placeholders for the rest."""
+    text = tree.system_yaml(system, hosts, round(ram / 2**30), os.cpu_count() or 1)
+    if place is None:
+        print(text, end="")
+        return
+    path = place.results / place.division / place.org / "systems" / f"{system}.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    print(f"[submit] wrote {path}: replace every '{tree.PLACEHOLDER}' before submitting; add {path.stem}.pdf "
+          f"beside it and the benchmark code under {path.parent.parent / 'code'}")
+
+
+COMMANDS = ("run", "datasize", "system-yaml")
+
+
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="dlio-ckpt-submit", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--workload", required=True, help="a checkpoint preset, e.g. llama3_8b_checkpoint")
+    ap.epilog = ("commands (first argument): run (default): the submission; datasize: bytes per rank, host "
+                 "and checkpoint; system-yaml: a skeleton systems/<system>.yaml (to --results-dir, or stdout)")
+    what = ap.add_mutually_exclusive_group()
+    what.add_argument("--workload", help="a checkpoint preset, e.g. llama3_8b_checkpoint")
+    what.add_argument("--model", choices=list(tree.MODEL_FOLDERS.values()), help="mlpstorage's name of the preset")
     ap.add_argument("--hosts", default="localhost", help="comma-separated host names (default localhost)")
-    ap.add_argument("--ranks-per-host", type=int, required=True)
+    procs = ap.add_mutually_exclusive_group()
+    procs.add_argument("--ranks-per-host", type=int)
+    procs.add_argument("--num-processes", "-np", type=int, help="all ranks (mlpstorage's name): split evenly "
+                                                                "over --hosts")
     ap.add_argument("--subset-data", type=int, help="subset mode: data-parallel degree of the full job")
-    ap.add_argument("--results-dir", help="default results/<workload>-<UTC time>")
-    ap.add_argument("--open", action="store_true", help="run even if CLOSED rules are broken (reported)")
-    ap.add_argument("--host-ram-gib", type=float, help="RAM per host (default: this host's)")
+    ap.add_argument("--results-dir", "-rd", help="default results/<workload>-<UTC time>")
+    ap.add_argument("--org", default="my_org", help="the submitter's organisation (folder name)")
+    ap.add_argument("--system", "--systemname", default="my_system", help="the system's name (folder name)")
+    ap.add_argument("--checkpoint-folder", "-cf", help="where the checkpoints go (checkpoint.checkpoint_folder)")
+    ap.add_argument("--num-checkpoints-write", "-ncw", type=int)
+    ap.add_argument("--num-checkpoints-read", "-ncr", type=int)
+    ap.add_argument("--open", action="store_true", help="run even if CLOSED rules are broken (placed as OPEN)")
+    ap.add_argument("--host-ram-gib", "--client-host-memory-in-gb", "-cm", type=float,
+                    help="RAM per host (default: this host's)")
     ap.add_argument("--mpirun-arg", action="append", default=[], help="extra mpirun argument (repeatable)")
-    ap.add_argument("--dry-run", action="store_true", help="check the rules and stop")
-    ap.add_argument("overrides", nargs="*", help="after --: hydra overrides for both phases")
-    args = ap.parse_args(argv)
-    sub = Submission(args.workload, args.hosts.split(","), args.ranks_per_host, list(args.overrides),
-                     args.subset_data)
-    overrides = sub.all_overrides
+    ap.add_argument("--dry-run", action="store_true", help="check the rules and print the commands")
+    ap.add_argument("overrides", nargs="*", help="after --: hydra overrides for both invocations")
+    return ap
+
+
+def submission_from(args) -> Submission:
+    workload = args.workload or tree.preset_for_model(args.model)
+    if not workload:
+        raise ConfigError("--workload", None, "a checkpoint preset (or --model llama3-8b, ...)")
+    hosts = parse_hosts(args.hosts)
+    if args.num_processes is not None:
+        if args.num_processes < 1 or args.num_processes % len(hosts):
+            raise ConfigError("--num-processes", args.num_processes,
+                              f"a positive multiple of the {len(hosts)} host(s) in --hosts")
+        per_host = args.num_processes // len(hosts)
+    elif args.ranks_per_host is not None:
+        per_host = args.ranks_per_host
+    else:
+        raise ConfigError("--ranks-per-host", None, "a positive integer (or --num-processes)")
+    if per_host < 1:
+        raise ConfigError("--ranks-per-host", per_host, "a positive integer")
+    overrides = list(args.overrides)
+    for key, value in (("checkpoint_folder", args.checkpoint_folder),
+                       ("num_checkpoints_write", args.num_checkpoints_write),
+                       ("num_checkpoints_read", args.num_checkpoints_read)):
+        if value is not None:
+            overrides.append(f"++workload.checkpoint.{key}={value}")
+    return Submission(workload, hosts, per_host, overrides, args.subset_data,
+                      args.host_ram_gib)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command = argv.pop(0) if argv and argv[0] in COMMANDS else "run"
+    args = parser().parse_args(argv)
+    if command == "system-yaml":
+        try:
+            hosts = parse_hosts(args.hosts)
+        except ConfigError as exc:
+            print(f"[submit] {exc}", file=sys.stderr)
+            return 2
+        ram = int(args.host_ram_gib * 2**30) if args.host_ram_gib else host_ram_bytes()
+        place = Place(Path(args.results_dir).resolve(), "open" if args.open else "closed", args.org,
+                      args.system) if args.results_dir else None
+        system_yaml(hosts, place, args.system, ram)
+        return 0
     try:
+        sub = submission_from(args)
         cfg = effective_config(sub)
         find_executable("mpirun")
     except (ConfigError, FileNotFoundError) as exc:
         print(redact_text(f"[submit] {exc}"), file=sys.stderr)
         return 2
-    ram = int(args.host_ram_gib * 2**30) if args.host_ram_gib else host_ram_bytes()
+    ram = int(sub.host_ram_gib * 2**30) if sub.host_ram_gib else host_ram_bytes()
+    if command == "datasize":
+        datasize(sub, cfg, ram)
+        return 0
     violations = check_closed_rules(sub, cfg, os.geteuid() == 0, ram)
     for v in violations:
         print(f"[submit] CLOSED rule: {v}", flush=True)
     if violations and not args.open:
         print("[submit] not a valid CLOSED run; fix the above or pass --open to run it as OPEN", file=sys.stderr)
         return 2
-    if args.dry_run:
-        return 0
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    results = Path(args.results_dir or f"results/{args.workload}-{stamp}").resolve()
-    results.mkdir(parents=True, exist_ok=True)
-    c = cfg.checkpoint
-    write = run_phase(sub, "write", results, ["++workload.checkpoint.num_checkpoints_read=0"], args.mpirun_arg)
-    dropped, cache_note = drop_caches(sub, args.mpirun_arg)
-    print(f"[submit] {cache_note}", flush=True)
-    read = run_phase(sub, "read", results, ["++workload.checkpoint.num_checkpoints_write=0",
-                                            f"++workload.checkpoint.num_checkpoints_read={c.num_checkpoints_read}"],
-                     args.mpirun_arg)
-    gap = read["start_time"] - write["end_time"]
-    if gap > READ_START_LIMIT_S:
-        violations.append(f"the read phase started {gap:.1f} s after the write phase ended "
-                          f"(limit {READ_START_LIMIT_S:.0f} s)")
-    report = {"workload": args.workload, "hosts": sub.hosts, "ranks_per_host": sub.ranks_per_host,
-              "ranks": sub.ranks, "overrides": redact_args(overrides),
-              "division": "OPEN" if violations else "CLOSED",
-              "closed_rule_violations": violations, "page_cache_dropped": dropped, "cache_note": cache_note,
-              "read_start_after_write_s": gap,
-              "save": {k: write["save"][k] for k in ("throughput_gib_s_mean", "throughput_gib_s_std",
-                                                     "duration_s_mean", "duration_s_std")},
-              "load": {k: read["load"][k] for k in ("throughput_gib_s_mean", "throughput_gib_s_std",
-                                                    "duration_s_mean", "duration_s_std")},
-              "phases": {"write": str(results / "write"), "read": str(results / "read")},
-              "finished_at": time.time()}
-    (results / "submission.json").write_text(json.dumps(report, indent=1))
-    print(f"[submit] {report['division']}: save {report['save']['throughput_gib_s_mean']:.4f} GiB/s, "
-          f"load {report['load']['throughput_gib_s_mean']:.4f} GiB/s, read phase started {gap:.1f} s after "
-          f"the write phase; {results / 'submission.json'}", flush=True)
-    return 0
+    results = Path(args.results_dir or f"results/{sub.workload}-{stamp}").resolve()
+    place = Place(results, "open" if (violations or args.open) else "closed", args.org, args.system)
+    if args.dry_run:
+        print(f"[submit] checked: the preset and overrides compose ({sub.workload}), the shard plan of each of "
+              f"{sub.ranks} ranks against the unmodified preset's, process count, checkpoints, fsync, ranks per "
+              f"host ({sub.ranks_per_host} on each of {', '.join(sub.hosts)}), data per host against its RAM: "
+              f"{'no CLOSED rule broken' if not violations else f'{len(violations)} CLOSED rule(s) broken'}")
+        folder = place.model_folder(cfg.model.name) / "<YYYYMMDD_HHmmss>"
+        for phase in (["++workload.checkpoint.num_checkpoints_read=0"],
+                      ["++workload.checkpoint.num_checkpoints_write=0"]):
+            dlio = ["dlio_benchmark", f"workload={sub.workload}", *sub.all_overrides, *phase,
+                    *tree.hydra_overrides(folder)]
+            print(f"[submit] would run: {' '.join(redact_args(mpirun(sub, sub.ranks_per_host, dlio, args.mpirun_arg)))}")
+        print(f"[submit] would place it as {place.division.upper()} under {place.model_folder(cfg.model.name)}")
+        return 0
+    return run_submission(sub, place, cfg, violations, args.mpirun_arg)
 
 
 if __name__ == "__main__":

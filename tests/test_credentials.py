@@ -69,7 +69,9 @@ def test_a_sweep_and_a_submission_hold_no_credential(s3, workdir):
     assert table.returncode == 0, table.stderr
     submit = subprocess.run([tool("dlio-ckpt-submit"), "--workload", "llama3_tiny_checkpoint", "--ranks-per-host",
                              "2", "--open", "--results-dir", str(workdir / "sub"), "--", *SMALL, *overrides,
-                             "++workload.checkpoint.checkpoint_folder=sub"],
+                             "++workload.checkpoint.checkpoint_folder=sub",
+                             # each invocation longer than the gap between them (rule 2.1.24)
+                             "++workload.checkpoint.time_between_checkpoints=12"],
                             cwd=workdir, env={**os.environ, **env}, capture_output=True, text=True,
                             timeout=300)
     assert submit.returncode == 0, submit.stderr[-3000:]

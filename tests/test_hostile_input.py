@@ -102,3 +102,16 @@ def test_the_forks_direct_fs_is_refused_on_a_dlio_without_it(workdir):
     assert "invalid config: workload.storage.storage_type='direct_fs'; allowed: local_fs (O_DIRECT reads and " \
            "writes by default), parallel_fs or s3: direct_fs is MLCommons' DLIO fork's storage type, and this " \
            "DLIO has none" in run.stderr
+
+
+def test_an_output_folder_that_is_a_file_is_refused_naming_the_key(workdir):
+    (workdir / "afile").write_text("not a directory\n")
+    cmd_override = f"++workload.output.folder={workdir / 'afile'}"
+    run = subprocess.run([tool("mpirun"), "--allow-run-as-root", "--oversubscribe", "-np", "2",
+                          tool("dlio_benchmark"), "workload=llama3_tiny_checkpoint", *TWO_ONE, cmd_override,
+                          f"++workload.checkpoint.checkpoint_folder={workdir / 'ckpt'}"],
+                         cwd=workdir, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 2 and "Traceback" not in run.stderr
+    assert f"[ERROR] invalid config: workload.output.folder='{workdir / 'afile'}'; allowed: a directory, or a " \
+           "path where one can be created (this is an existing file)" in run.stderr
+    assert (workdir / "afile").read_text() == "not a directory\n"

@@ -174,6 +174,11 @@ def agree_output_folder(workload: DictConfig) -> None:
     comm = DLIOMPI.get_instance().comm()
     explicit = OmegaConf.select(workload, "output.folder")
     if explicit:
+        not_a_dir = comm.bcast(os.path.exists(explicit) and not os.path.isdir(explicit) if comm.rank == 0
+                               else None, root=0)
+        if not_a_dir:
+            _stop(comm, f"invalid config: workload.output.folder={explicit!r}; allowed: a directory, or a path "
+                        "where one can be created (this is an existing file)")
         refused = comm.bcast(_used(explicit) if comm.rank == 0 else None, root=0)
         if refused:
             _stop(comm, f"invalid config: workload.output.folder={explicit!r}; allowed: a directory that holds "
