@@ -12,6 +12,8 @@ Prints per pair both runs' figures, then per DLIO against the reference (in
 the ratios' wording, "ours" is the DLIO named first):
 - save and load throughput over our global windows (ckpt_ext_summary.json),
 - the same from the summary.json DLIO's own reporter wrote (ours on 2.0.0),
+- the requests' own I/O rate per rank (RESULTS), which no DLIO loop can touch:
+  when it moves with the windows, the storage moved, not the DLIO,
 - the time outside our checkpoint windows: DLIO's start-up (launch to our
   mechanism's start), its loop around our windows (barriers, the
   framework's compute call, its stats), and its end (our finalize to exit).
@@ -62,6 +64,8 @@ def run(args, dlio: str, ranks: int, hidden: int, tag: str, workdir: Path) -> di
     dlio_metric = json.loads((out / "summary.json").read_text())["metric"]
     windows = sum(c["duration_s"] for p in PHASES for c in record[p]["per_checkpoint"])
     return {**{p: record[p]["throughput_gib_s_mean"] for p in PHASES},
+            # the requests' own rate (RESULTS' I/O line): storage time alone, whatever loop drives it
+            **{f"io_{p}": record[p]["results"]["io_gib_s_per_rank"] for p in PHASES},
             **{f"dlio_{p}": dlio_metric[f"{p}_checkpoint_io_mean_GB_per_second"] for p in PHASES},
             "startup_s": record["start_time"] - launched,
             "loop_s": record["end_time"] - record["start_time"] - windows,
@@ -85,7 +89,7 @@ def main() -> None:
     workdir = Path(tempfile.mkdtemp(prefix="dlio-bench-"))
     kept: dict[str, list[dict]] = {d: [] for d in dlios}
     for other in others:
-        ratios = {k: OrderedRatios() for k in ("save", "load", "dlio_save", "dlio_load")}
+        ratios = {k: OrderedRatios() for k in ("save", "load", "dlio_save", "dlio_load", "io_save", "io_load")}
         for i in range(args.pairs + 1):
             order = (other, reference) if i % 2 == 0 else (reference, other)
             got = {}
@@ -106,7 +110,9 @@ def main() -> None:
               f"  our windows: save {ratios['save'].describe()}\n"
               f"               load {ratios['load'].describe()}\n"
               f"  DLIO's summary.json: save {ratios['dlio_save'].describe()}\n"
-              f"                       load {ratios['dlio_load'].describe()}", flush=True)
+              f"                       load {ratios['dlio_load'].describe()}\n"
+              f"  I/O rate per rank (RESULTS): save {ratios['io_save'].describe()}\n"
+              f"                               load {ratios['io_load'].describe()}", flush=True)
     print("time outside our checkpoint windows (median s): start-up / loop around the windows / end; windows")
     for dlio, runs in kept.items():
         med = {k: statistics.median(r[k] for r in runs) for k in ("startup_s", "loop_s", "end_s", "windows_s")}

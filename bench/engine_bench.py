@@ -28,7 +28,7 @@ from tqdm import tqdm
 from dlio_ckpt_ext.config import parse_size
 from dlio_ckpt_ext.engine import BufferPool, ContentSpec, load_file, save_file
 from dlio_ckpt_ext.engine.buffers import allocate
-from dlio_ckpt_ext.engine.threads import gen_thread_budget
+from dlio_ckpt_ext.engine.threads import gen_thread_budget, unbound_share
 from dlio_ckpt_ext.storage.posix import PosixBackend, PosixOptions
 
 GiB = float(1 << 30)
@@ -181,7 +181,7 @@ def main() -> None:
     ap.add_argument("--json", help="also write the figures here")
     args = ap.parse_args()
     size, chunk = parse_size("--size", args.size), parse_size("--chunk", args.chunk)
-    threads = gen_thread_budget(1, args.threads)
+    threads = gen_thread_budget(unbound_share(1), args.threads)
     os.makedirs(args.dir, exist_ok=True)
     pool = BufferPool(args.depth, chunk)
     direct = PosixBackend(args.dir, PosixOptions())

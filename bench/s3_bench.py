@@ -72,7 +72,7 @@ def run(args, size: int, rss_size: int) -> None:
     import s3dlio
 
     from dlio_ckpt_ext.engine import BufferPool, ContentSpec, load_file, save_file
-    from dlio_ckpt_ext.engine.threads import gen_thread_budget
+    from dlio_ckpt_ext.engine.threads import gen_thread_budget, unbound_share
     from dlio_ckpt_ext.storage.objstore import ObjectBackend, ObjectOptions
 
     root = f"s3://{args.bucket}/bench"
@@ -83,7 +83,7 @@ def run(args, size: int, rss_size: int) -> None:
     dgen_py.Generator(size=size, seed=3, chunk_size=size).fill_chunk(blob)
 
     def engine_write() -> float:
-        st = save_file(backend, "engine.bin", size, ContentSpec(9), pool, gen_thread_budget(1))
+        st = save_file(backend, "engine.bin", size, ContentSpec(9), pool, gen_thread_budget(unbound_share(1)))
         return size / GiB / st.elapsed
 
     def raw_write() -> float:

@@ -14,20 +14,24 @@ from dlio_ckpt_ext.engine import (BufferPool, ContentSpec, FileStats, FileWindow
 from dlio_ckpt_ext.engine.buffers import PAGE
 from dlio_ckpt_ext.engine.staging import StagingArea, stage_file
 from dlio_ckpt_ext.engine.stream import Progress
-from dlio_ckpt_ext.engine.threads import ThreadBudget
+from dlio_ckpt_ext.engine.threads import ThreadBudget, unbound_share
 from dlio_ckpt_ext.errors import StorageError
 from dlio_ckpt_ext.storage import Backend, join_root, open_backend
 
 
 class Checkpointer:
-    def __init__(self, cfg: RunConfig, rank: int, comm_size: int, ranks_per_node: int) -> None:
+    def __init__(self, cfg: RunConfig, rank: int, comm_size: int, ranks_per_node: int,
+                 cpu_share: Optional[float] = None) -> None:
+        """cpu_share: the CPUs this rank may really use (default: the node's
+        usable CPUs shared by its ranks, as when they are not bound)."""
         self.cfg, self.rank, self.comm_size, self.ranks_per_node = cfg, rank, comm_size, ranks_per_node
+        self.cpu_share = unbound_share(ranks_per_node) if cpu_share is None else cpu_share
         sto = cfg.storage
         self.backend: Backend = open_backend(sto.storage_type,
                                              join_root(sto.storage_root, cfg.checkpoint.checkpoint_folder),
                                              dict(sto.storage_options), cfg.checkpoint.fsync,
-                                             ranks_per_node)
-        self.threads = ThreadBudget(ranks_per_node, cfg.streaming.gen_threads)
+                                             self.cpu_share)
+        self.threads = ThreadBudget(self.cpu_share, cfg.streaming.gen_threads)
         self.pool: BufferPool | None = None
         self.read_pool: BufferPool | None = None
         self.staging: StagingArea | None = None

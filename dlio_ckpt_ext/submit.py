@@ -176,6 +176,10 @@ def mpirun(sub: Submission, np_per_host: int, command: list[str], extra: list[st
         args.append("--allow-run-as-root")
     if sub.hosts == ["localhost"] and np_per_host > (os.cpu_count() or 1):
         args.append("--oversubscribe")
+    if not any(a.startswith(("--bind-to", "--map-by", "-bind-to", "-map-by")) for a in extra):
+        # Open MPI binds by default (a core each up to 2 processes, a NUMA domain
+        # above): unbound, each rank's generator share is the node's CPUs / its ranks
+        args += ["--bind-to", "none"]
     return args + extra + command
 
 

@@ -242,6 +242,8 @@ def test_a_dry_run_that_passes_says_what_it_checked_and_would_run(tmp_path):
     assert res.returncode == 0, res.stderr
     assert "no CLOSED rule broken" in res.stdout and "4 on each of n1, n2" in res.stdout
     assert res.stdout.count("[submit] would run: ") == 2 and "--host n1:4,n2:4 -np 8" in res.stdout
+    # unbound by default: each rank's generator share is its node's CPUs / its ranks
+    assert res.stdout.count(" --bind-to none ") == 2
     assert "would place it as CLOSED under " + str(tmp_path / "r" / "closed" / "my_org" / "results") in res.stdout
 
 

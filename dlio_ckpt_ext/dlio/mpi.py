@@ -15,6 +15,9 @@ class Topology:
     local_rank: int
     ranks_per_node: int  # ranks sharing this rank's node (MPI shared-memory split)
     hosts: tuple[str, ...]  # one entry per node, sorted
+    cpu_mask_size: int = 1  # CPUs this rank may run on (its affinity, after mpirun's binding)
+    cpu_share: float = 1.0  # of them, its share given the node's other ranks (engine/threads.cpu_share)
+    binding: str = "none"   # the node's binding as the masks show it (engine/threads.binding)
 
     @property
     def num_hosts(self) -> int:
@@ -23,9 +26,14 @@ class Topology:
 
 def topology(comm) -> Topology:
     from mpi4py import MPI
+
+    from dlio_ckpt_ext.engine.threads import binding, cpu_mask, cpu_share, online_cpus
     local = comm.Split_type(MPI.COMM_TYPE_SHARED)
     hosts = tuple(sorted(set(comm.allgather(MPI.Get_processor_name()))))
-    topo = Topology(comm.rank, comm.size, local.rank, local.size, hosts)
+    mine = cpu_mask()
+    node = [frozenset(m) for m in local.allgather(sorted(mine))]
+    topo = Topology(comm.rank, comm.size, local.rank, local.size, hosts, len(mine), cpu_share(mine, node),
+                    binding(node, online_cpus()))
     local.Free()
     return topo
 

@@ -49,7 +49,8 @@ def write_rank_stats(session: "CheckpointSession", totals: dict) -> None:
     metrics.write_json(os.path.join(rank_dir, f"rank_{session.rank:05d}.json"), {
         "rank": session.rank, "hostname": os.uname().nodename, "local_rank": topo.local_rank,
         "ranks_per_node": topo.ranks_per_node, "gen_threads": ck.gen_threads,
-        "gen_thread_budget": ck.threads.describe(),
+        "cpu_mask_size": topo.cpu_mask_size, "cpu_share": topo.cpu_share,
+        "gen_thread_budget": {**ck.threads.describe(), "starved": ck.threads.starved},
         "source_rank_for_loads": ck.source_rank(), "phases": session.local, "totals": totals, "async_blocked": session.blocked,
         "peak_rss_bytes": peak_rss_bytes(), "buffer_bytes": session.rank_buffer_bytes,
         "buffer_huge_page_bytes": huge_page_bytes(),
@@ -68,7 +69,10 @@ def manifest(session: "CheckpointSession") -> dict:
             "ranks": session.size, "hosts": list(topo.hosts), "num_hosts": topo.num_hosts,
             "ranks_per_node": topo.ranks_per_node,
             "threads": {"gen_threads_per_rank": ck.gen_threads, "usable_cpus": usable_cpus(),
-                        "gen_thread_mode": ck.threads.describe()["mode"], "gen_thread_limit": ck.threads.limit},
+                        "gen_thread_mode": ck.threads.describe()["mode"], "gen_thread_limit": ck.threads.limit,
+                        # rank 0's; every rank's mask size and share are in its rank stats
+                        "cpu_share": topo.cpu_share, "binding": topo.binding},
+            "binding": topo.binding,
             "storage": ck.backend.describe(), "concurrency": ck.concurrency(),
             "cache_method": ck.backend.read_cache_method,
             "reads_may_be_cached": ck.backend.reads_may_be_cached,

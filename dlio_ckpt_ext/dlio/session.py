@@ -26,6 +26,7 @@ from dlio_ckpt_ext.config import RunConfig, load_config
 from dlio_ckpt_ext.dlio import metrics, records, trace
 from dlio_ckpt_ext.dlio.mpi import Topology, abort, topology, user_terminal
 from dlio_ckpt_ext.engine.profile import FileStats, phase_report, phase_totals
+from dlio_ckpt_ext.engine.threads import TARGET_MARGIN
 from dlio_ckpt_ext.errors import ConfigError
 from dlio_ckpt_ext.memory import check_memory
 
@@ -59,6 +60,11 @@ def catch_interrupts() -> None:
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, _interrupt)
+
+
+def _ranks(ranks: list[int]) -> str:
+    shown = ", ".join(map(str, ranks[:8]))
+    return shown if len(ranks) <= 8 else f"{shown}, ... ({len(ranks)} in all)"
 
 
 def _runs(values: list[int]) -> str:
@@ -104,6 +110,8 @@ class CheckpointSession:
         self.blocked: list[dict] = []
         self.async_summary: Optional[dict] = None
         self.drain_s = 0.0
+        #: rank 0 after finalize: ranks whose generation their CPU share bounded
+        self.starved_ranks: list[int] = []
         self.persister: Optional[BackgroundPersist] = None
         self.start_time = time.time()
         self.end_time = self.start_time
@@ -111,7 +119,8 @@ class CheckpointSession:
         with self.abort_on_error("preparing the checkpoint storage"):
             self.topology: Topology = topology(comm)
             self.rank_buffer_bytes = check_memory(self.config, self.topology.ranks_per_node, self.size)
-            self.checkpointer = Checkpointer(self.config, self.rank, self.size, self.topology.ranks_per_node)
+            self.checkpointer = Checkpointer(self.config, self.rank, self.size, self.topology.ranks_per_node,
+                                             self.topology.cpu_share)
             self.checkpointer.prepare()
         if self.config.is_async:
             self.persister = BackgroundPersist(lambda exc: abort(self.comm, f"checkpoint persist failed: {exc}", exc))
@@ -180,6 +189,13 @@ class CheckpointSession:
         if c.num_checkpoints_read and backend.reads_may_be_cached:
             out.append("[WARNING] reads may be served from the page cache "
                        f"(read cache method: {backend.read_cache_method})")
+        if self.starved_ranks:
+            t = self.topology
+            out.append(f"[WARNING] generation was limited by the CPU binding: rank(s) {_ranks(self.starved_ranks)} "
+                       f"ran at their generator thread limit with generation under {TARGET_MARGIN:g}x I/O (rank 0 "
+                       f"may run on {t.cpu_mask_size} CPU(s), its share {t.cpu_share:g}; binding: {t.binding}); "
+                       f"give each rank more CPUs: mpirun --bind-to none, or --map-by "
+                       f"ppr:{t.ranks_per_node}:node:PE=N with N CPUs per rank")
         if c.recovery_rank_shift and self.checkpointer.source_rank() == self.rank:
             out.append("[WARNING] checkpoint.recovery_rank_shift=True shifts nothing here: all "
                        f"{self.size} ranks are on one node (the shift is by ranks per node), so every rank "
@@ -313,8 +329,13 @@ class CheckpointSession:
         totals = {p: phase_totals(self.files[p]) for p in PHASES}
         records.write_rank_stats(self, totals)
         gathered = self.comm.gather(totals, root=0)
+        # said only where a binding narrowed the rank's CPUs: unbound, the node's
+        # size is the limit, and RESULTS' generation / I/O line says so already
+        bound = self.topology.binding != "none"
+        starved = self.comm.gather(bound and self.checkpointer.threads.starved, root=0)
         if self.rank != 0:
             return
+        self.starved_ranks = [r for r, s in enumerate(starved) if s]
         reports = {p: phase_report([g[p] for g in gathered]) for p in PHASES}
         # where DLIO prints the [METRIC] lines itself, ours would repeat them under another label
         label = "[INFO] global window:" if self.dlio_reports_metrics else "[METRIC]"

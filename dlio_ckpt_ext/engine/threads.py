@@ -1,15 +1,87 @@
 """How many generator threads one rank may use."""
 from __future__ import annotations
 
+import math
 import os
+from collections import Counter
+from pathlib import Path
+from typing import Collection, Sequence
+
+
+def cpu_mask() -> frozenset[int]:
+    """The CPUs this process may run on (mpirun's binding, cgroup-pinned jobs included)."""
+    try:
+        return frozenset(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return frozenset(range(os.cpu_count() or 1))
 
 
 def usable_cpus() -> int:
-    """CPUs this process may run on (affinity, cgroup-pinned jobs included)."""
+    return len(cpu_mask())
+
+
+def cpu_share(mine: Collection[int], node: Sequence[Collection[int]]) -> float:
+    """The CPUs a rank may really use: over the CPUs in its mask, the sum of
+    1 / (how many of the node's ranks may run on that CPU). Unbound ranks
+    share every CPU; ranks bound apart own theirs; dividing a bound rank's
+    mask by the ranks on the node again would count its share twice."""
+    counts = Counter(c for mask in node for c in set(mask))
+    return sum(1.0 / counts[c] for c in set(mine) if counts[c])
+
+
+def _cpu_list(text: str) -> frozenset[int]:
+    out: set[int] = set()
+    for part in text.strip().split(","):
+        if part:
+            lo, _, hi = part.partition("-")
+            out.update(range(int(lo), int(hi or lo) + 1))
+    return frozenset(out)
+
+
+def _topology_sets(root: Path = Path("/sys/devices/system")) -> dict[str, set[frozenset[int]]]:
+    """The CPU sets of this node's cores, NUMA nodes and packages (sockets)."""
+    kinds: dict[str, set[frozenset[int]]] = {"core": set(), "numa": set(), "package": set()}
+    for cpu in root.glob("cpu/cpu[0-9]*/topology"):
+        for kind, name in (("core", "thread_siblings_list"), ("package", "package_cpus_list")):
+            try:
+                kinds[kind].add(_cpu_list((cpu / name).read_text()))
+            except OSError:
+                pass
+    for node in root.glob("node/node[0-9]*/cpulist"):
+        try:
+            kinds["numa"].add(_cpu_list(node.read_text()))
+        except OSError:
+            pass
+    return kinds
+
+
+def binding(node: Sequence[Collection[int]], online: Collection[int] | None = None,
+            topology: dict[str, set[frozenset[int]]] | None = None) -> str:
+    """mpirun's binding of a node's ranks as seen from their masks: none (each
+    may run on every CPU), core, numa, package, or cpuset (another set); mixed
+    when the ranks differ."""
+    online = frozenset(online) if online is not None else frozenset().union(*map(frozenset, node))
+    topology = _topology_sets() if topology is None else topology
+
+    def kind(mask: frozenset[int]) -> str:
+        if mask >= online:
+            return "none"
+        if len(mask) == 1:
+            return "core" if mask in topology.get("core", ()) or not topology.get("core") else "hwthread"
+        for name in ("core", "numa", "package"):
+            if mask in topology.get(name, ()):
+                return name
+        return "cpuset"
+
+    kinds = {kind(frozenset(m)) for m in node}
+    return kinds.pop() if len(kinds) == 1 else "mixed"
+
+
+def online_cpus() -> frozenset[int]:
     try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
+        return _cpu_list(Path("/sys/devices/system/cpu/online").read_text())
+    except OSError:
+        return frozenset(range(os.cpu_count() or 1))
 
 
 #: generation must outrun I/O by this much; the adaptive budget adds a thread below it
@@ -27,11 +99,19 @@ class ThreadBudget:
     often outruns the disk; where it does not, the next file gets another.
     """
 
-    def __init__(self, ranks_on_node: int, override: int = 0) -> None:
-        self.limit = override if override > 0 else gen_thread_budget(ranks_on_node)
+    def __init__(self, share: float, override: int = 0) -> None:
+        self.limit = gen_thread_budget(share, override)
         self.fixed = override > 0
         self.current = self.limit if self.fixed else 1
         self.used: list[int] = []
+        #: files saved at the thread limit with generation still under the target margin
+        self.starved_files = 0
+
+    @property
+    def starved(self) -> bool:
+        """The rank's CPU share, not the storage, bounded generation: the adaptive
+        budget wanted another thread and had none left to give."""
+        return self.starved_files > 0
 
     def observe(self, fill_s: float, io_s: float) -> None:
         """One saved file: its pure generation and I/O seconds."""
@@ -40,6 +120,8 @@ class ThreadBudget:
             return
         margin = io_s / fill_s  # generation rate / I/O rate for the same bytes
         t = self.current
+        if margin < TARGET_MARGIN and t >= self.limit:
+            self.starved_files += 1
         if margin < TARGET_MARGIN and t < self.limit:
             self.current = t + 1
         elif t > 1 and margin * (t - 1) / t >= 1.25 * TARGET_MARGIN:  # one fewer would still keep it
@@ -48,12 +130,17 @@ class ThreadBudget:
     def describe(self) -> dict:
         return {"mode": "fixed" if self.fixed else "adaptive", "limit": self.limit, "final": self.current,
                 "target_margin": None if self.fixed else TARGET_MARGIN,
-                "used_per_file": self.used}
+                "used_per_file": self.used, "files_at_limit_under_target": self.starved_files}
 
 
-def gen_thread_budget(ranks_on_node: int, override: int = 0) -> int:
-    """Generator threads per rank: the usable CPUs shared by the ranks on
-    this node (never the global world size), unless overridden."""
+def gen_thread_budget(share: float, override: int = 0) -> int:
+    """Generator threads per rank: its share of the node's CPUs (cpu_share;
+    never CPUs / world size), unless overridden."""
     if override > 0:
         return override
-    return max(1, usable_cpus() // max(1, ranks_on_node))
+    return max(1, math.floor(share + 1e-9))
+
+
+def unbound_share(ranks_on_node: int) -> float:
+    """A rank's share when the node's ranks share every usable CPU (no binding)."""
+    return usable_cpus() / max(1, ranks_on_node)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import posixpath
+from typing import Optional
 
 from dlio_ckpt_ext.config import STORAGE_TYPES, structured
 from dlio_ckpt_ext.errors import ConfigError
@@ -11,8 +12,9 @@ __all__ = ["Backend", "Reader", "Writer", "open_backend"]
 
 
 def open_backend(storage_type: str, root: str, options: dict, fsync: bool = True,
-                 ranks_per_node: int = 1) -> Backend:
-    """The backend for `root` (a directory, or a URI for object storage)."""
+                 cpu_share: Optional[float] = None) -> Backend:
+    """The backend for `root` (a directory, or a URI for object storage);
+    cpu_share: the CPUs the rank may use (sizes s3dlio's runtime; default all usable)."""
     prefix = "workload.storage.storage_options."
     if storage_type in ("local_fs", "parallel_fs", "direct_fs"):
         from dlio_ckpt_ext.storage.posix import PosixBackend, PosixOptions
@@ -26,7 +28,7 @@ def open_backend(storage_type: str, root: str, options: dict, fsync: bool = True
         return PosixBackend(root, opts, fsync, storage_type)
     if storage_type == "s3":
         from dlio_ckpt_ext.storage.objstore import ObjectBackend, ObjectOptions
-        return ObjectBackend(root, structured(ObjectOptions, options, prefix), ranks_per_node)
+        return ObjectBackend(root, structured(ObjectOptions, options, prefix), cpu_share)
     raise ConfigError("workload.storage.storage_type", storage_type, ", ".join(STORAGE_TYPES))
 
 

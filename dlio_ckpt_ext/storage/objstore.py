@@ -42,7 +42,7 @@ class ObjectOptions:
     secret_access_key: Optional[str] = None  # default: AWS_SECRET_ACCESS_KEY (prefer the environment)
     part_size: str = "32MiB"                 # multipart part size; keep it equal to the chunk size
     max_in_flight: int = 16                  # parts of one object in client memory at once (see below)
-    runtime_threads: int = 0                 # s3dlio runtime threads; 0 = usable CPUs / ranks on this node
+    runtime_threads: int = 0                 # s3dlio runtime threads; 0 = the rank's CPU share
     # MLCommons' DLIO fork requires storage_library with storage_type s3 (minio,
     # s3dlio or s3torchconnector: its own mechanisms' clients); this mechanism's
     # object I/O is s3dlio's, so that is the one value with a meaning here
@@ -198,7 +198,7 @@ class ObjectReader(Reader):
 
 
 class ObjectBackend(Backend):
-    def __init__(self, root: str, opts: ObjectOptions, ranks_per_node: int = 1) -> None:
+    def __init__(self, root: str, opts: ObjectOptions, cpu_share: Optional[float] = None) -> None:
         if opts.uri_scheme and "://" not in root:  # mlpstorage passes the bucket, the scheme apart
             root = f"{opts.uri_scheme}://{root.lstrip('/') if opts.uri_scheme == 's3' else root}"
         scheme = root.split("://", 1)[0] if "://" in root else ""
@@ -216,7 +216,8 @@ class ObjectBackend(Backend):
         self.lends_write_memory = scheme == "s3"  # multipart parts are filled in place
         self.lends_read_memory = True  # ranged GETs are read where s3dlio put them
         self.part_size = parse_size("part_size", opts.part_size)
-        self.runtime_threads = opts.runtime_threads or max(1, usable_cpus() // max(1, ranks_per_node))
+        share = usable_cpus() if cpu_share is None else cpu_share
+        self.runtime_threads = opts.runtime_threads or max(1, int(share + 1e-9))
         # Before s3dlio's first call: it sizes its runtime and client then, once.
         for key, env in _ENV.items():
             if getattr(opts, key):

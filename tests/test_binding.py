@@ -1,0 +1,63 @@
+"""Generator threads under mpirun's CPU binding, in real runs: each rank's share
+of its node's CPUs as its binding allows, and a binding that starves generation said."""
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conftest import tool
+from dlio_run import Run
+
+CPUS = len(os.sched_getaffinity(0))
+TWO_ONE = ["++workload.checkpoint.num_checkpoints_write=2", "++workload.checkpoint.num_checkpoints_read=1"]
+
+
+def run_bound(workdir: Path, np: int, binding: list[str], *overrides: str, ckpt: Path | None = None) -> Run:
+    """mpirun as a user types it, without --oversubscribe (which turns binding off)."""
+    out = workdir / "out"
+    cmd = [tool("mpirun"), "--allow-run-as-root", "-np", str(np), *binding, tool("dlio_benchmark"),
+           "workload=llama3_tiny_checkpoint", f"++workload.output.folder={out}",
+           f"++workload.checkpoint.checkpoint_folder={ckpt or workdir / 'ckpt'}", *TWO_ONE, *overrides]
+    res = subprocess.run(cmd, cwd=workdir, capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    return Run(res.returncode, res.stdout, res.stderr, out)
+
+
+@pytest.mark.skipif(CPUS < 2, reason="needs 2 CPUs to bind 2 ranks apart")
+@pytest.mark.parametrize("np, binding, mask, share, name", [
+    (2, ["--bind-to", "core"], 1, 1.0, "core"),
+    (2, ["--bind-to", "none"], CPUS, CPUS / 2, "none"),
+    (1, [], 1, 1.0, "core"),               # Open MPI's default for up to 2 processes: a core each
+    (1, ["--bind-to", "none"], CPUS, float(CPUS), "none"),
+])
+def test_each_rank_records_the_share_its_binding_allows(workdir, np, binding, mask, share, name):
+    run = run_bound(workdir, np, binding)
+    assert run.returncode == 0, run.output[-3000:]
+    for stats in run.rank_stats():
+        assert (stats["cpu_mask_size"], stats["cpu_share"]) == (mask, pytest.approx(share))
+        assert stats["gen_thread_budget"]["limit"] == max(1, int(share))
+    record = run.record()
+    assert record["binding"] == name and record["threads"]["binding"] == name
+
+
+def test_a_binding_that_starves_generation_is_said(workdir):
+    """One rank bound to one CPU, writing to memory (tmpfs): one generator thread
+    cannot outrun that storage twice over, and no second thread may be added."""
+    shm = Path("/dev/shm")
+    if not shm.is_dir():
+        pytest.skip("no /dev/shm for a storage faster than one generator thread")
+    ckpt = shm / f"dlio-ckpt-binding-{workdir.name}"
+    try:
+        run = run_bound(workdir, 1, ["--bind-to", "core"], "++workload.checkpoint.num_checkpoints_write=3",
+                        ckpt=ckpt)
+    finally:
+        subprocess.run(["rm", "-rf", str(ckpt)])
+    assert run.returncode == 0, run.output[-3000:]
+    [stats] = run.rank_stats()
+    assert stats["gen_thread_budget"]["starved"] and stats["gen_thread_budget"]["limit"] == 1
+    warning = ("[WARNING] generation was limited by the CPU binding: rank(s) 0 ran at their generator thread "
+               "limit with generation under 2x I/O (rank 0 may run on 1 CPU(s), its share 1; binding: core); "
+               "give each rank more CPUs: mpirun --bind-to none, or --map-by ppr:1:node:PE=N with N CPUs per rank")
+    assert warning in run.stdout
+    assert warning in run.record()["warnings"]
