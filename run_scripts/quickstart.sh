@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set up whatever is missing, then run the quickstart benchmark: the tiny
 # preset on NP ranks (default 2) under mpirun and DLIO.
-#   run_scripts/quickstart.sh [--dlio 2.0.0|upstream] [NP] [hydra overrides...]
+#   run_scripts/quickstart.sh [--dlio 2.0.0|upstream|mlcommons] [NP] [hydra overrides...]
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 ensure_env "$dlio"

@@ -2,7 +2,7 @@
 # Run a preset against a throw-away local S3 server (SeaweedFS on 127.0.0.1),
 # setting up DLIO's environment first if it is missing. LINK_LATENCY_MS and
 # LINK_RATE_MB_S put an emulated remote link in front of the server.
-#   run_scripts/s3_local_run.sh [--dlio 2.0.0|upstream] [NP] [WORKLOAD] [extra hydra overrides...]
+#   run_scripts/s3_local_run.sh [--dlio 2.0.0|upstream|mlcommons] [NP] [WORKLOAD] [extra hydra overrides...]
 #   run_scripts/s3_local_run.sh 2 llama3_tiny_checkpoint ++workload.streaming.verify=True
 #   LINK_LATENCY_MS=10 LINK_RATE_MB_S=40 run_scripts/s3_local_run.sh 2
 set -euo pipefail

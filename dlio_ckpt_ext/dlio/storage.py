@@ -23,6 +23,7 @@ from omegaconf import OmegaConf
 
 from dlio_ckpt_ext.config import MECHANISM_CLASS
 from dlio_ckpt_ext.dlio import context
+from dlio_ckpt_ext.dlio.provenance import dlio_is_mlcommons_fork
 from dlio_ckpt_ext.storage import Backend, open_backend
 
 OUR_TYPES = {"local_fs", "parallel_fs", "s3", "direct_fs"}
@@ -145,7 +146,7 @@ def install() -> None:
             self.storage_type = StorageType.S3
 
     ConfigArguments.validate = validate
-    if hasattr(StorageType, "DIRECT_FS"):  # MLCommons' fork
+    if dlio_is_mlcommons_fork():
         _install_fork_storage_library()
     _installed = True
 
