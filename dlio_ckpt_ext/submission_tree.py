@@ -153,7 +153,7 @@ def _sockets() -> Optional[int]:
     return len(ids) or None
 
 
-def system_yaml(system: str, hosts: list[str], memory_gib: int, cpus: int, benchmark_api: str = "file") -> str:
+def system_yaml(system: str, hosts: list[str], memory_gib: int, cpus: int) -> str:
     """A skeleton systems/<system>.yaml in the checker's schema: the clients
     as measured here (count, CPU model, sockets, cores, memory, OS), every
     other value a quoted "FILL IN: ..." placeholder that the schema refuses
@@ -173,7 +173,7 @@ system_under_test:
         friendly_description: {todo("the storage solution, in a sentence")}
         architecture:
             storage_location: {todo("remote | local | remote_and_local")}
-            benchmark_API: {benchmark_api}
+            benchmark_API: {todo("file | object (what the benchmark used: local_fs/direct_fs or s3)")}
             product_API: {todo("file | object | block")}
             client_footprint: {todo("open_source | closed_source | n/a")}
             client_installation: {todo("in_box | installable | n/a")}

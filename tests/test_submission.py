@@ -57,7 +57,8 @@ def checker_errors(output: str) -> dict[str, list[str]]:
 def fill_placeholders(path: Path) -> None:
     """What the submitter writes over our system description's placeholders."""
     values = {"the storage solution, in a sentence": "a local disk", "remote | local | remote_and_local": "local",
-              "file | object | block": "file", "open_source | closed_source | n/a": "open_source",
+              "file | object | block": "file",
+              "file | object (what the benchmark used: local_fs/direct_fs or s3)": "file", "open_source | closed_source | n/a": "open_source",
               "in_box | installable | n/a": "in_box", "true | false": "true",
               "seconds from writing to reading (int)": "0", "onprem | cloud": "onprem",
               "chassis or cloud instance type": "test VM", "sockets (int)": "1",
