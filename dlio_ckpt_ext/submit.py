@@ -283,6 +283,8 @@ def run_invocation(sub: Submission, place: Place, cfg: RunConfig, phase_override
         raise SystemExit(f"[submit] the invocation in {folder} failed (exit code {code}); see its output above "
                          f"and {folder / tree.STDERR_LOG}")
     record = json.loads(record_path.read_text())
+    if record.get("status") != "success":  # mpirun's exit code alone does not say (0 after a lost host)
+        raise SystemExit(f"[submit] the invocation in {folder} did not complete (status {record.get('status')!r})")
     summary = json.loads((folder / "summary.json").read_text())
     checkpoint_root = record["storage"]["root"]
     with open(folder / tree.STDOUT_LOG, "a") as out:
@@ -345,7 +347,9 @@ def drop_caches(sub: Submission, extra: list[str]) -> tuple[bool, str]:
     res = subprocess.run(cmd, capture_output=True, text=True)
     if res.returncode != 0:
         return False, f"page cache not dropped ({res.stderr.strip().splitlines()[-1:]}); reads rely on O_DIRECT"
-    return True, "page cache dropped on every host (sync; echo 3 > /proc/sys/vm/drop_caches)"
+    # one line per host from dropcache ("node1: page cache dropped"): the hosts it really ran on
+    dropped_on = sorted(line.split(":", 1)[0] for line in res.stdout.splitlines() if line.endswith("page cache dropped"))
+    return True, f"page cache dropped on every host ({', '.join(dropped_on)}; sync; echo 3 > /proc/sys/vm/drop_caches)"
 
 
 def datasize(sub: Submission, cfg: RunConfig, ram: int) -> None:

@@ -33,6 +33,16 @@ def tool(name: str) -> str:
     return str(path) if path.exists() else (shutil.which(name) or name)
 
 
+def tool_env(name: str) -> Path:
+    """The bin folder of one of our users' tools' own environments (built by
+    run_scripts/tool_env.sh on first use: mlcommons, dftracer)."""
+    import subprocess
+    res = subprocess.run([str(REPO / "run_scripts" / "tool_env.sh"), name], capture_output=True, text=True,
+                         timeout=900)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return Path(res.stdout.strip().splitlines()[-1]).parent
+
+
 BUCKET = "ckpt"
 
 

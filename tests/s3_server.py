@@ -19,6 +19,6 @@ class S3Server(LocalS3):
         return client(self)
 
 
-def start_s3_server(data_dir: Path) -> S3Server:
-    server = start(data_dir)
+def start_s3_server(data_dir: Path, address: str = "127.0.0.1") -> S3Server:
+    server = start(data_dir, address=address)
     return S3Server(server.endpoint, server.proc, server.data_dir)

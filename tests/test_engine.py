@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from dlio_ckpt_ext.engine import BufferPool, ContentSpec, derive_seed, load_file, save_file
+from dlio_ckpt_ext.engine import BufferPool, ContentSpec, derive_seed, load_file, save_file, send_file
 from dlio_ckpt_ext.engine import content as content_mod
 from dlio_ckpt_ext.engine.buffers import PAGE, huge_page_bytes, thp_setting
 from dlio_ckpt_ext.errors import StorageError, VerificationError
@@ -325,3 +325,27 @@ def test_aborting_a_file_twice_leaves_a_file_opened_since_alone(tmp_path):
         other.write(b"still open")
     assert (tmp_path / "other").read_bytes() == b"still open"
     assert not (tmp_path / "ckpt" / "f.pt").exists()
+
+
+def test_chunk_spans_come_from_the_thread_that_did_each_stage(tmp_path, pool):
+    """A tracer stamps the calling thread: the engine must call it from there."""
+    import threading
+    b, spec, size = backend(tmp_path), ContentSpec(seed=derive_seed("spans")), 5 * MiB + 7
+    seen = []
+
+    def sink(stage, path, index, offset, nbytes, start, end):
+        seen.append((stage, path, index, offset, nbytes, threading.get_ident(), end - start))
+    me = threading.get_ident()
+    send_file(b, "ckpt/g.pt", size, spec, pool, spans=sink)
+    fills = [s for s in seen if s[0] == "fill"]
+    writes = [s for s in seen if s[0] == "write"]
+    layout = [(i, i * MiB, min(MiB, size - i * MiB)) for i in range(6)]
+    assert [(s[2], s[3], s[4]) for s in fills] == layout == [(s[2], s[3], s[4]) for s in writes]
+    assert {s[5] for s in writes} == {me} and me not in {s[5] for s in fills}
+    assert all(s[1] == "ckpt/g.pt" and s[6] >= 0 for s in seen)
+    seen.clear()
+    load_file(b, "ckpt/g.pt", size, pool, content=spec, parallelism=3, spans=sink)
+    reads = sorted((s[3], s[4]) for s in seen if s[0] == "read")
+    assert reads == [(o, n) for _, o, n in layout] and sum(n for _, n in reads) == size
+    assert len({s[5] for s in seen if s[0] == "read"}) == 3 and me not in {s[5] for s in seen if s[0] == "read"}
+    assert {s[5] for s in seen if s[0] == "verify"} == {me}

@@ -1,5 +1,4 @@
 """Hostile or careless input, through dlio_benchmark and the CLIs as a user hits it."""
-import json
 import os
 import subprocess
 

@@ -150,3 +150,20 @@ def test_a_rank_killed_mid_upload_leaves_no_upload_of_its_own_open(s3, tmp_path)
     assert [(u["Key"], u["UploadId"]) for u in left] == [("killed/other.pt", foreign)]  # not the rank's
     listed = client.list_objects_v2(Bucket=BUCKET, Prefix="killed/")["Contents"]
     assert [(o["Key"], o["Size"]) for o in listed] == [("killed/done.pt", 5 << 20)]
+
+
+def test_lent_memory_uploads_report_each_chunks_fill_and_write_span(s3, pool):
+    """Where the writer lends its memory, the fill is the calling thread's own
+    work, then its hand-over to the upload (commit)."""
+    import threading
+    seen = []
+    b, spec, size = backend("spans"), ContentSpec(derive_seed(0, "spans")), 11 * MiB + 3
+    assert b.lends_write_memory
+    stream.send_file(b, "f.pt", size, spec, pool,
+                     spans=lambda *span: seen.append((*span[:5], threading.get_ident(), span[6] - span[5])))
+    layout = [(i, i * 5 * MiB, min(5 * MiB, size - i * 5 * MiB)) for i in range(3)]
+    for stage in ("fill", "write"):
+        assert [(s[2], s[3], s[4]) for s in seen if s[0] == stage] == layout
+    assert {s[5] for s in seen} == {threading.get_ident()} and all(s[6] >= 0 for s in seen)
+    body = s3.client().get_object(Bucket=BUCKET, Key="spans/f.pt")["Body"].read()
+    assert body == expected_bytes(spec, size)

@@ -157,3 +157,39 @@ def test_submit_dry_run_refuses_a_shrunk_model_as_closed(tmp_path):
     assert res.returncode == 2
     assert "[submit] CLOSED rule: model.num_layers is 2; CLOSED requires the preset's 32" in res.stdout
     assert "not a valid CLOSED run" in res.stderr
+
+
+PYDFTRACER_1X = """[
+ {"id":"1","name":"write","cat":"POSIX","pid":"0","tid":"25069","ts":"1796130287821282","dur":"28018","ph":"X","args":{"hostname":"vm","ret":"22024192","fname":"/c/123"}}
+{"id":"2","name":"checkpoint.save","cat":"checkpoint","pid":"0","tid":"25069","ts":"1796130287821000","dur":"30000","ph":"X","args":{"rank":0,"step":1,"size":22024192}}
+"""
+
+
+def test_traces_converts_pydftracer_1x_files_and_copies_2x_ones(tmp_path, capsys):
+    import gzip
+    run = tmp_path / "run"
+    (run / "rank_stats").mkdir(parents=True)
+    (run / "rank_stats" / "rank_00000.json").write_text(json.dumps({"rank": 0, "pid": 4242}))
+    (run / "trace-0-of-1.pfw").write_text(PYDFTRACER_1X)
+    (run / "trace-0-of-1-abc-app.pfw.gz").write_bytes(b"\x1f\x8b kept as it is")
+    (run / "manifest.json").write_text("{}")
+    assert report_main(["traces", str(run)]) == 0
+    out = run / "traces"
+    assert sorted(p.name for p in out.iterdir()) == ["trace-0-of-1-abc-app.pfw.gz", "trace-0-of-1.pfw.gz"]
+    assert (out / "trace-0-of-1-abc-app.pfw.gz").read_bytes() == b"\x1f\x8b kept as it is"
+    events = [json.loads(line) for line in gzip.decompress((out / "trace-0-of-1.pfw.gz").read_bytes()).splitlines()]
+    assert events[0] == {"id": 1, "name": "write", "cat": "POSIX", "pid": 4242, "tid": 25069,
+                         "ts": 1796130287821282, "dur": 28018, "ph": "X",
+                         "args": {"hostname": "vm", "ret": 22024192, "fname": "/c/123"}}
+    assert events[1]["args"] == {"rank": 0, "step": 1, "size": 22024192} and events[1]["dur"] == 30000
+    assert f"2 trace file(s) in {out}" in capsys.readouterr().out
+
+
+def test_traces_refuses_a_run_without_traces_or_without_process_ids(tmp_path, capsys):
+    (tmp_path / "rank_stats").mkdir()
+    assert report_main(["traces", str(tmp_path)]) == 2
+    assert "holds no dftracer trace (trace-*.pfw*): was the run made with DFTRACER_ENABLE=1?" in \
+        capsys.readouterr().err
+    (tmp_path / "trace-1-of-2.pfw").write_text(PYDFTRACER_1X)
+    assert report_main(["traces", str(tmp_path)]) == 2
+    assert "has no process id for rank 1" in capsys.readouterr().err

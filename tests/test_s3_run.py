@@ -1,5 +1,7 @@
 """End to end on object storage: mpirun + dlio_benchmark against a real SeaweedFS."""
 import os
+import pty
+import re
 import signal
 import subprocess
 import time
@@ -184,3 +186,48 @@ def test_uploads_overlap_by_default_and_store_every_object_whole_and_verify(s3, 
         for rec in stats["phases"]["save"]:
             first, second = rec["files"]
             assert first["end"] >= second["chunks"][-1][6]
+
+
+def run_on_a_terminal_until(cmd: list[str], env: dict, marker, then) -> tuple[int, str]:
+    """Run cmd with its output on a pseudo-terminal, as a person at mpirun runs
+    it; call then(proc) once a line matches `marker`; return (code, output)."""
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(cmd, stdout=slave, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    os.close(slave)
+    out, done = b"", False
+    try:
+        while True:
+            try:
+                data = os.read(master, 65536)
+            except OSError:  # EIO: every writer of the terminal is gone
+                break
+            if not data:
+                break
+            out += data
+            if not done and marker.search(out.decode(errors="replace")):
+                then(proc)
+                done = True
+        proc.wait(timeout=60)
+    finally:
+        proc.kill()
+        os.close(master)
+    return proc.returncode, out.decode(errors="replace")
+
+
+def test_ctrl_c_during_an_async_persist_says_what_became_of_it(s3, tmp_path):
+    cmd = dlio_command(tmp_path, 2, "llama3_tiny_checkpoint", "++workload.storage.storage_type=s3",
+                       f"++workload.storage.storage_root=s3://{BUCKET}/asigint", "++workload.checkpoint.async_mode=async",
+                       "++workload.checkpoint.num_checkpoints_write=50", "++workload.checkpoint.num_checkpoints_read=0",
+                       checkpoint_folder="c")
+    # checkpoint 2 persists in the background while 3 is staged: Ctrl-C then
+    code, out = run_on_a_terminal_until(cmd, {**os.environ, **s3.env(), "TF_CPP_MIN_LOG_LEVEL": "3"},
+                                        re.compile(r"checkpoint save 2/|Starting saving checkpoint 3 "),
+                                        lambda proc: (time.sleep(0.2), os.kill(proc.pid, signal.SIGINT)))
+    assert code != 0
+    said = re.findall(r"\[ERROR\] rank (\d): checkpoint (persist|save) (\d+) interrupted by SIGTERM; its partial "
+                      r"file or open upload was removed", out)
+    # each rank names what it was doing: the persist in the background, or
+    # the next save's staging when the previous persist had just finished
+    assert sorted({int(rank) for rank, _, _ in said}) == [0, 1], out[-3000:]
+    assert "[METRIC]" not in out
+    assert open_uploads_after(s3, "asigint/", seconds=30) == []

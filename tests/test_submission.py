@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, tool
+from conftest import REPO, tool, tool_env
 from dlio_ckpt_ext import plan
 from dlio_ckpt_ext.submit import Invocation, gap_violations
 from test_dlio_integration import SHRINK, SMALL_8B, expected_files
@@ -25,10 +25,7 @@ TINY_8B = [*SHRINK, "++workload.checkpoint.num_checkpoints_write=2", "++workload
 @pytest.fixture(scope="session")
 def mlcommons_python() -> str:
     """MLCommons' checker and report generator, in their own environment."""
-    res = subprocess.run([str(REPO / "run_scripts" / "tool_env.sh"), "mlcommons"], capture_output=True, text=True,
-                         timeout=900)
-    assert res.returncode == 0, res.stderr[-3000:]
-    return res.stdout.strip().splitlines()[-1]
+    return str(tool_env("mlcommons") / "python")
 
 
 def checkpoint_dir(tmp_path: Path) -> Path:

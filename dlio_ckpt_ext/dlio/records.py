@@ -47,7 +47,8 @@ def write_rank_stats(session: "CheckpointSession", totals: dict) -> None:
     rank_dir = os.path.join(session.output_folder, RANK_STATS_DIR)
     os.makedirs(rank_dir, exist_ok=True)
     metrics.write_json(os.path.join(rank_dir, f"rank_{session.rank:05d}.json"), {
-        "rank": session.rank, "hostname": os.uname().nodename, "local_rank": topo.local_rank,
+        # pid: DLIO 2.0.0 traces a rank as process id = rank; `dlio-ckpt-report traces` puts this back
+        "rank": session.rank, "hostname": os.uname().nodename, "pid": os.getpid(), "local_rank": topo.local_rank,
         "ranks_per_node": topo.ranks_per_node, "gen_threads": ck.gen_threads,
         "cpu_mask_size": topo.cpu_mask_size, "cpu_share": topo.cpu_share,
         "gen_thread_budget": {**ck.threads.describe(), "starved": ck.threads.starved},

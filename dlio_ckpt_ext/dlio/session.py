@@ -56,10 +56,32 @@ def _interrupt(signum: int, frame) -> None:
 def catch_interrupts() -> None:
     """Turn SIGINT and SIGTERM into an exception in the main thread, so the
     engine's cleanup (Writer.abort: no partial file, no open multipart upload)
-    runs before the rank exits; the default SIGTERM action would skip it."""
-    if threading.current_thread() is threading.main_thread():
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, _interrupt)
+    runs before the rank exits; the default SIGTERM action would skip it.
+    A Python handler runs only once the main thread is back in Python, which a
+    rank waiting in an MPI barrier never is before mpirun kills it: a watch
+    thread is woken by the signal itself (signal.set_wakeup_fd) and tells the
+    session at once, so a persist in the background is cancelled and said."""
+    global _watching
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, _interrupt)
+    if _watching:
+        return
+    r, w = os.pipe()
+    os.set_blocking(w, False)
+    signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+
+    def watch() -> None:
+        while True:
+            for signum in os.read(r, 64):
+                if _active is not None and signum in (signal.SIGINT, signal.SIGTERM):
+                    _active.interrupted_in_background(signum)
+    threading.Thread(target=watch, name="interrupt-watch", daemon=True).start()
+    _watching = True
+
+
+_watching = False
 
 
 def _ranks(ranks: list[int]) -> str:
@@ -113,6 +135,11 @@ class CheckpointSession:
         #: rank 0 after finalize: ranks whose generation their CPU share bounded
         self.starved_ranks: list[int] = []
         self.persister: Optional[BackgroundPersist] = None
+        #: the step persisting in the background (async mode)
+        self.persisting_step = 0
+        #: what abort_on_error is guarding now (None: between our operations)
+        self.doing: Optional[str] = None
+        self._interrupt_said, self._interrupt_lock = False, threading.Lock()
         self.start_time = time.time()
         self.end_time = self.start_time
         catch_interrupts()
@@ -121,6 +148,7 @@ class CheckpointSession:
             self.rank_buffer_bytes = check_memory(self.config, self.topology.ranks_per_node, self.size)
             self.checkpointer = Checkpointer(self.config, self.rank, self.size, self.topology.ranks_per_node,
                                              self.topology.cpu_share)
+            self.checkpointer.tracer = trace.chunk_tracer(self.rank)
             self.checkpointer.prepare()
         if self.config.is_async:
             self.persister = BackgroundPersist(lambda exc: abort(self.comm, f"checkpoint persist failed: {exc}", exc))
@@ -140,21 +168,64 @@ class CheckpointSession:
     # -- failures end every rank ---------------------------------------------
     @contextlib.contextmanager
     def abort_on_error(self, what: str):
+        self.doing, outer = what, self.doing
         try:
             yield
         except Interrupted as exc:
-            if self.persister is not None:
-                self.persister.cancel()
             # mpirun is ending every rank already: this one has aborted its open
             # upload or removed its partial file on the way here, and just goes.
-            sys.stderr.write(f"[ERROR] rank {self.rank}: {what} interrupted by {exc}; its partial file or "
-                             "open upload was removed\n")
-            sys.stderr.flush()
+            self._say_interrupted(self._interrupted(what, exc.signum))
+            if self.persister is not None:
+                self.persister.cancel()
             raise SystemExit(128 + exc.signum) from None
         except SystemExit:
             raise
         except BaseException as exc:  # noqa: BLE001 - any failure must end every rank
             abort(self.comm, f"{what} failed: {exc}", exc)
+        finally:
+            self.doing = outer
+
+    def _say_interrupted(self, what: str) -> None:
+        with self._interrupt_lock:
+            if self._interrupt_said:
+                return
+            self._interrupt_said = True
+        line = f"[ERROR] rank {self.rank}: {what}\n"
+        sys.stderr.write(line)
+        sys.stderr.flush()
+        # after a Ctrl-C mpirun forwards no more output (measured: none of these
+        # lines came through): the person at mpirun's terminal is told directly
+        term = user_terminal()
+        if term is not None and term is not sys.stdout:
+            with contextlib.suppress(OSError):
+                term.write("\r\033[K" + line)  # over rank 0's progress bar, if one is drawn
+                term.close()
+
+    def interrupted_in_background(self, signum: int) -> None:
+        """The watch thread, the moment SIGINT or SIGTERM arrives (Ctrl-C on
+        mpirun, or mpirun ending the job because a rank or host was lost),
+        whatever the main thread is blocked in, and said at once (mpirun's
+        SIGKILL follows within a second). A persist running in the background
+        is cancelled here, a save or load of the main thread stops when that
+        thread is back in Python: either writer aborts its upload or removes
+        its partial file, and the upload watch finishes an abort that SIGKILL
+        cut short."""
+        busy = self.persister is not None and self.persister.busy
+        if busy or self.doing is not None:
+            self._say_interrupted(self._interrupted(self.doing, signum))
+        else:
+            self._say_interrupted(f"interrupted by {signal.Signals(signum).name} between checkpoints; no "
+                                  "checkpoint file was open")
+        if busy:
+            self.persister.cancel()
+
+    def _interrupted(self, what: Optional[str], signum: int) -> str:
+        """What an interrupt stopped: the checkpoint persisting in the
+        background if there is one (what becomes of it is what matters),
+        else `what` the main thread was doing."""
+        if self.persister is not None and self.persister.busy:
+            what = f"checkpoint persist {self.persisting_step}"
+        return f"{what} interrupted by {signal.Signals(signum).name}; its partial file or open upload was removed"
 
     def _probe(self) -> None:
         if self.rank == 0:
@@ -189,6 +260,9 @@ class CheckpointSession:
         if c.num_checkpoints_read and backend.reads_may_be_cached:
             out.append("[WARNING] reads may be served from the page cache "
                        f"(read cache method: {backend.read_cache_method})")
+        if trace.enabled() and not trace.keeps_arguments():
+            out.append("[WARNING] DFTRACER_ENABLE=1 without DFTRACER_INC_METADATA=1: dftracer drops every event's "
+                       "arguments, so the trace has times but no bytes, files, steps or ranks; set both")
         if self.starved_ranks:
             t = self.topology
             out.append(f"[WARNING] generation was limited by the CPU binding: rank(s) {_ranks(self.starved_ranks)} "
@@ -220,10 +294,11 @@ class CheckpointSession:
     def _save_async(self, epoch: int, step: int) -> list[FileStats]:
         """Wait for the previous persist, stage, start persisting, return: what
         blocks training. The staging copy and the wait are each measured."""
-        with self.abort_on_error(f"checkpoint save {step}"), trace.span("checkpoint.save", step=step):
+        with self.abort_on_error(f"checkpoint save {step}"), self._span("save", step):
             start = time.time()
             waited, wait_s = self.persister.wait()
             staged = self.checkpointer.stage(step, epoch)
+            self.persisting_step = step
             self.persister.start(lambda: self._persist(epoch, step), name=f"persist-{step}")
             end = time.time()
         self.blocked.append({"step": step, "start": start, "end": end, "waited": waited, "wait_s": wait_s,
@@ -236,7 +311,8 @@ class CheckpointSession:
         """The background thread: the persist is this checkpoint's save (its
         window is what the save [METRIC] lines report)."""
         start = time.time()
-        files = self.checkpointer.persist(step, epoch, self.persister.check, self.persist_comm.Barrier)
+        with self._span("persist", step):
+            files = self.checkpointer.persist(step, epoch, self.persister.check, self.persist_comm.Barrier)
         end = time.time()
         self.local["save"].append(metrics.local_record(step, files, start, end))
         self.files["save"].extend(files)
@@ -251,13 +327,23 @@ class CheckpointSession:
     def _checkpoint(self, phase: str, epoch: int, step: int,
                     action: Callable[..., list[FileStats]]) -> list[FileStats]:
         with self.abort_on_error(f"checkpoint {phase} {step}"), self._progress(phase, step) as bar, \
-                trace.span(f"checkpoint.{phase}", step=step):
+                self._span(phase, step):
             start = time.time()
             files = action(step, epoch, bar)
             end = time.time()
         self.local[phase].append(metrics.local_record(step, files, start, end))
         self.files[phase].extend(files)
         return files
+
+    def _span(self, what: str, step: int):
+        """The trace's span of one checkpoint operation on this rank."""
+        ck = self.checkpointer
+        if what == "load":
+            size, files = ck.rank_bytes(ck.source_rank(), "load"), len(ck.load_files(ck.source_rank()))
+        else:
+            mine = ck.rank_plan(ck.rank)
+            size, files = ck.rank_bytes(ck.rank), len(mine.files) + len(mine.commit_files)
+        return trace.span(f"checkpoint.{what}", rank=self.rank, step=step, size=size, files=files)
 
     @contextlib.contextmanager
     def _progress(self, phase: str, step: int):
@@ -315,7 +401,6 @@ class CheckpointSession:
         if c.num_checkpoints_write:
             self._check_inventory(list(range(1, c.num_checkpoints_write + 1)))
         with self.abort_on_error("writing the results"):
-            trace.chunk_events(self.files)
             self._write_results()
         self.comm.barrier()
         if not c.keep_files and self.rank == 0:

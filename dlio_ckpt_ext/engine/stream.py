@@ -14,6 +14,7 @@ from dlio_ckpt_ext.engine.buffers import BufferPool
 from dlio_ckpt_ext.engine.content import ContentSpec, fill_exact, generator
 from dlio_ckpt_ext.engine.pipeline import Chunk
 from dlio_ckpt_ext.engine.profile import FileStats, busy_seconds
+from dlio_ckpt_ext.engine.spans import SpanSink, stage_span
 from dlio_ckpt_ext.errors import VerificationError
 from dlio_ckpt_ext.storage.base import Backend, Writer
 
@@ -92,7 +93,8 @@ def _sequential(start: int, end: int, chunk: int,
     return produce
 
 
-def _fill_in_place(writer: Writer, gen, size: int, chunk: int, progress: Progress, where: str) -> list[Chunk]:
+def _fill_in_place(writer: Writer, gen, size: int, chunk: int, progress: Progress, where: str,
+                   filled: Optional[Callable] = None, written: Optional[Callable] = None) -> list[Chunk]:
     """Generate straight into memory the writer lends (reserve), then hand it
     over (commit). Reserve and commit block only while the writer's uploads in
     flight are full, so their time is time spent waiting on storage."""
@@ -102,10 +104,15 @@ def _fill_in_place(writer: Writer, gen, size: int, chunk: int, progress: Progres
         t0 = time.perf_counter()
         view = writer.reserve(n)
         t1 = time.perf_counter()
+        fill_started = time.time()
         fill_exact(gen, view[:n], offset, where)
         t2 = time.perf_counter()
         filled_at = time.time()
+        if filled:
+            filled(offset, n, fill_started)
         writer.commit(n)
+        if written:
+            written(offset, n, filled_at)
         chunks.append(Chunk(offset, n, produce_s=t2 - t1, consume_s=(t1 - t0) + (time.perf_counter() - t2),
                             produced_at=filled_at, done_at=time.time()))
         del view
@@ -206,24 +213,31 @@ def _send(backend: Backend, path: str, size: int, send: Callable[[Writer], list[
 
 
 def send_file(backend: Backend, path: str, size: int, content: ContentSpec, pool: BufferPool,
-              gen_threads: int = 1, progress: Progress = None, window: Optional[FileWindow] = None
-              ) -> list[FileStats]:
+              gen_threads: int = 1, progress: Progress = None, window: Optional[FileWindow] = None,
+              spans: Optional[SpanSink] = None) -> list[FileStats]:
     """Generate `size` bytes of `content`, hand them to a writer of `path` and
     the file to `window` (default: closed at once); returns the files closed."""
     where = backend.uri(path)
+    filled, written = (stage_span(spans, stage, path, pool.buffer_size) for stage in ("fill", "write"))
 
     def send(writer: Writer) -> list[Chunk]:
         if not size:
             return []
         gen = generator(content, size, threads=gen_threads, chunk_size=pool.buffer_size)
         if writer.zero_copy:
-            return _fill_in_place(writer, gen, size, pool.buffer_size, progress, where)
+            return _fill_in_place(writer, gen, size, pool.buffer_size, progress, where, filled, written)
 
         def fill(buf: memoryview, offset: int, n: int) -> None:
+            started = time.time() if filled else 0.0
             fill_exact(gen, buf[:n], offset, where)
+            if filled:
+                filled(offset, n, started)
 
         def write(c: Chunk) -> None:
+            started = time.time() if written else 0.0
             writer.write(c.buffer[:c.nbytes])
+            if written:
+                written(c.offset, c.nbytes, started)
             if progress:
                 progress(c.nbytes)
         return pipeline.run(pool, [_sequential(0, size, pool.buffer_size, fill)], write)
@@ -237,16 +251,21 @@ def save_file(backend: Backend, path: str, size: int, content: ContentSpec, pool
 
 
 def write_from_memory(backend: Backend, path: str, data: memoryview, chunk: int,
-                      progress: Progress = None) -> FileStats:
+                      progress: Progress = None, spans: Optional[SpanSink] = None) -> FileStats:
     """Write bytes already in memory (an async checkpoint's staging area) to
     `path` in chunk-sized requests; nothing is generated, so every second is
     storage time."""
+    written = stage_span(spans, "write", path, chunk)
+
     def send(writer: Writer) -> list[Chunk]:
         chunks = []
         for offset in range(0, len(data), chunk):
             n = min(chunk, len(data) - offset)
             t0 = time.perf_counter()
+            started = time.time()
             writer.write(data[offset:offset + n])
+            if written:
+                written(offset, n, started)
             chunks.append(Chunk(offset, n, produce_s=time.perf_counter() - t0, produced_at=time.time()))
             if progress:
                 progress(n)
@@ -263,7 +282,8 @@ def _ranges(size: int, chunk: int, parallelism: int) -> list[tuple[int, int]]:
 
 def load_file(backend: Backend, path: str, size: int, pool: BufferPool,
               content: Optional[ContentSpec] = None, parallelism: int = 1,
-              gen_threads: int = 1, progress: Progress = None, request_size: int = 0) -> FileStats:
+              gen_threads: int = 1, progress: Progress = None, request_size: int = 0,
+              spans: Optional[SpanSink] = None) -> FileStats:
     """Read `path` back in requests of request_size (default: the pool's buffer
     size), `parallelism` of them in flight over contiguous ranges of the file;
     with `content`, compare every byte with the regenerated data. A reader that
@@ -282,12 +302,16 @@ def load_file(backend: Backend, path: str, size: int, pool: BufferPool,
         if not reader.lends_memory and reader.size != size:
             raise VerificationError(f"{backend.uri(path)} has {reader.size} bytes, expected {size}")
         ranges = _ranges(size, request, parallelism)
+        was_read, verified = (stage_span(spans, stage, path, request) for stage in ("read", "verify"))
         if content is not None and len(ranges) > 1 and not content.seekable:
             raise ValueError("parallel verified reads need dedup_ratio = compress_ratio = 1")
 
         def read(buf: memoryview, offset: int, n: int) -> Optional[memoryview]:
+            started = time.time() if was_read else 0.0
             data = reader.read(offset, n) if reader.lends_memory else None
             got = len(data) if data is not None else reader.readinto(offset, buf, n)
+            if was_read:
+                was_read(offset, got, started)
             if got != n:
                 raise VerificationError(f"{backend.uri(path)} ended at byte {offset + got}, expected {size} bytes")
             return data
@@ -309,7 +333,10 @@ def load_file(backend: Backend, path: str, size: int, pool: BufferPool,
 
         def consume(c: Chunk) -> None:
             if content is not None:
+                started = time.time() if verified else 0.0
                 verify(c)
+                if verified:
+                    verified(c.offset, c.nbytes, started)
             if progress:
                 progress(c.nbytes)
         chunks = pipeline.run(pool, [_sequential(s, e, request, read) for s, e in ranges], consume)

@@ -4,6 +4,7 @@
   dlio-ckpt-report compare RESULTS_A RESULTS_B
   dlio-ckpt-report sweep SWEEP_DIR [--out-dir DIR]
   dlio-ckpt-report uploads s3://BUCKET/PREFIX [--abort]
+  dlio-ckpt-report traces RESULTS_DIR [--out-dir DIR]
 """
 from __future__ import annotations
 
@@ -65,6 +66,15 @@ def _uploads(args) -> int:
     return 0
 
 
+def _traces(args) -> int:
+    from dlio_ckpt_ext.report.traces import collect_traces
+    written = collect_traces(args.results, args.out_dir)
+    folder = written[0].parent
+    print(f"{len(written)} trace file(s) in {folder}, as dftracer-analyzer and dftracer-utils read them")
+    print(f"  dfanalyzer analyzer/preset=dlio trace_path={folder} cluster.n_workers=1")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="dlio-ckpt-report", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -85,6 +95,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("uri", help="s3://bucket/prefix (endpoint and credentials from the AWS_* environment)")
     p.add_argument("--abort", action="store_true", help="abort every one found")
     p.set_defaults(func=_uploads)
+    p = sub.add_parser("traces", help="a run's dftracer traces as dftracer's current tools read them "
+                                      "(DLIO 2.0.0's converted: numbers, gzip, real process ids)")
+    p.add_argument("results", help="a run's results directory (holds its trace-*.pfw* files)")
+    p.add_argument("--out-dir", help="where to write them (default RESULTS/traces)")
+    p.set_defaults(func=_traces)
     args = ap.parse_args(argv)
     try:
         return args.func(args)

@@ -1,0 +1,166 @@
+"""Several hosts through mpirun --host, as a user runs a real cluster, on the
+emulated cluster of tests/cluster.py (network and UTS namespaces; root only)."""
+import json
+import os
+import re
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from cluster import Cluster, why_not
+from conftest import BUCKET, tool
+from dlio_run import MLCOMMONS, Run
+from s3_server import start_s3_server
+from test_dlio_integration import on_disk
+
+pytestmark = [pytest.mark.skipif(why_not() is not None, reason=f"no emulated cluster: {why_not()}"),
+              # the fork runs upstream's checkpoint loop, which these tests cover; CI's time is counted
+              pytest.mark.skipif(MLCOMMONS, reason="several hosts are tested on DLIO 2.0.0 and upstream main")]
+
+TWO_ONE = ["++workload.checkpoint.num_checkpoints_write=2", "++workload.checkpoint.num_checkpoints_read=1"]
+
+
+@pytest.fixture
+def cluster(request):
+    with Cluster(request.param) as c:
+        yield c
+
+
+def mpirun_on(cluster: Cluster, ranks_per_host: int, *command: str) -> list[str]:
+    # --bind-to none, as dlio-ckpt-submit runs it: each rank's share is its host's CPUs over its ranks
+    return [tool("mpirun"), "--allow-run-as-root", *cluster.mpirun_args(ranks_per_host), "--bind-to", "none",
+            "-np", str(ranks_per_host * len(cluster.names)), *command]
+
+
+def dlio_on(cluster: Cluster, workdir: Path, ranks_per_host: int, *overrides: str, env: dict | None = None,
+            timeout: int = 240) -> Run:
+    cmd = mpirun_on(cluster, ranks_per_host, tool("dlio_benchmark"), "workload=llama3_tiny_checkpoint",
+                    f"++workload.output.folder={workdir / 'out'}",
+                    f"++workload.checkpoint.checkpoint_folder={workdir / 'ckpt'}", *overrides)
+    res = subprocess.run(cmd, cwd=workdir, capture_output=True, text=True, timeout=timeout,
+                         env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", **cluster.env(), **(env or {})})
+    return Run(res.returncode, res.stdout, res.stderr, workdir / "out")
+
+
+def saved_files(run: Run) -> dict[str, int]:
+    return {f["name"]: f["nbytes"] for r in run.rank_stats() for rec in r["phases"]["save"] for f in rec["files"]}
+
+
+@pytest.mark.parametrize("cluster", [2], indirect=True)
+def test_two_hosts_two_ranks_each_and_the_recovery_shift_reads_the_other_hosts_files(cluster, workdir):
+    run = dlio_on(cluster, workdir, 2, *TWO_ONE, "++workload.checkpoint.recovery_rank_shift=True")
+    assert run.returncode == 0, run.output[-3000:]
+    assert run.dlio_summary()["num_hosts"] == 2
+    record = run.record()
+    assert (record["num_hosts"], record["hosts"], record["ranks_per_node"]) == (2, ["node1", "node2"], 2)
+    ranks = run.rank_stats()
+    host_of = {r["rank"]: r["hostname"] for r in ranks}
+    assert host_of == {0: "node1", 1: "node1", 2: "node2", 3: "node2"}
+    assert all(r["ranks_per_node"] == 2 for r in ranks)
+    files = saved_files(run)
+    assert len(files) == 2 * 4 * 2 and on_disk(workdir / "ckpt") == files
+    assert "[INFO] inventory: 16 files present, 16 expected, sizes match" in run.stdout
+    assert {k[0] for k in run.metrics()} == {"save", "load"}
+    for r in ranks:  # shifted by ranks per node: every rank reads a rank's files of the other host
+        source = r["source_rank_for_loads"]
+        assert host_of[source] != host_of[r["rank"]]
+        read = [f["name"] for rec in r["phases"]["load"] for f in rec["files"]]
+        assert read and all(f"zero_pp_rank_{source}_" in name for name in read)
+
+
+@pytest.mark.parametrize("cluster", [3], indirect=True)
+def test_three_hosts_one_rank_each_get_a_host_to_themselves_in_the_dcp_layout(cluster, workdir):
+    run = dlio_on(cluster, workdir, 1, *TWO_ONE, "++workload.checkpoint.layout=dcp")
+    assert run.returncode == 0, run.output[-3000:]
+    usable = len(os.sched_getaffinity(0))  # every emulated host is this machine
+    for r in run.rank_stats():
+        # the generator budget of a host to itself (usable CPUs / 1 rank on it),
+        # not the node's CPUs over the world size (3 ranks)
+        assert (r["ranks_per_node"], r["cpu_share"]) == (1, usable), r
+        assert r["gen_thread_budget"]["limit"] == usable
+    record = run.record()
+    assert (record["num_hosts"], record["ranks_per_node"], record["layout"]) == (3, 1, "dcp")
+    files = saved_files(run)
+    assert on_disk_all(workdir / "ckpt") == files and any(name.endswith(".metadata") for name in files)
+
+
+def on_disk_all(folder: Path) -> dict[str, int]:
+    return {str(p.relative_to(folder)): p.stat().st_size for p in folder.rglob("*") if p.is_file()}
+
+
+@pytest.mark.parametrize("cluster", [2], indirect=True)
+def test_s3_from_two_hosts(cluster, workdir):
+    server = start_s3_server(workdir / "seaweedfs", address=cluster.address)
+    try:
+        server.client().create_bucket(Bucket=BUCKET)
+        run = dlio_on(cluster, workdir, 1, *TWO_ONE, "++workload.storage.storage_type=s3",
+                      f"++workload.storage.storage_root=s3://{BUCKET}", "++workload.checkpoint.checkpoint_folder=run",
+                      env=server.env())
+        assert run.returncode == 0, run.output[-3000:]
+        listed = server.client().list_objects_v2(Bucket=BUCKET, Prefix="run/")["Contents"]
+        assert {o["Key"][len("run/"):]: o["Size"] for o in listed} == saved_files(run)
+        assert {r["hostname"] for r in run.rank_stats()} == {"node1", "node2"}
+        assert "[INFO] inventory: 8 files present, 8 expected, sizes match" in run.stdout
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize("cluster", [2], indirect=True)
+def test_submission_on_two_hosts_drops_each_hosts_cache_and_records_both(cluster, tmp_path):
+    # one rank per host: with two a host, DLIO's start-up on these 2 cores makes
+    # the gap between the invocations (28 s) longer than they are (rule 2.1.24)
+    from test_submission import ORG, SYSTEM, TINY_8B, model_folder
+    results, ckpt = tmp_path / "results", tmp_path / "ckpt"
+    cmd = [tool("dlio-ckpt-submit"), "--model", "llama3-8b", "--hosts", ",".join(cluster.names), "--num-processes",
+           "2", "--open", "--org", ORG, "--system", SYSTEM, "--results-dir", str(results), "--checkpoint-folder",
+           str(ckpt), *(f"--mpirun-arg={a}" for a in cluster.launch_args()), "--", *TINY_8B]
+    res = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600,
+                         env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", **cluster.env()})
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    # one drop per host, each run on that host
+    assert "[submit] page cache dropped on every host (node1, node2; " in res.stdout
+    folder = model_folder(results, "open")
+    stamps = sorted(p.name for p in folder.iterdir() if p.is_dir())
+    assert len(stamps) == 2
+    for stamp in stamps:
+        run = folder / stamp
+        ranks = [json.loads(p.read_text()) for p in sorted((run / "rank_stats").glob("*.json"))]
+        per_host = {h: sum(r["hostname"] == h for r in ranks) for h in cluster.names}
+        assert per_host == {"node1": 1, "node2": 1}  # ranks per host as asked on each host, not on average
+        record = json.loads((run / "ckpt_ext_summary.json").read_text())
+        assert (record["num_hosts"], record["hosts"], record["ranks_per_node"]) == (2, cluster.names, 1)
+        assert json.loads((run / "summary.json").read_text())["num_hosts"] == 2
+    report = json.loads((folder / "results.json").read_text())
+    assert report["valid"] and report["timing_rule_violations"] == []
+    assert report["hosts"] == cluster.names and report["ranks_per_host"] == 1
+
+
+@pytest.mark.parametrize("cluster", [2], indirect=True)
+def test_a_host_lost_mid_save_ends_the_job_naming_it_and_claims_no_result(cluster, workdir):
+    cmd = mpirun_on(cluster, 1, tool("dlio_benchmark"), "workload=llama3_tiny_checkpoint",
+                    f"++workload.output.folder={workdir / 'out'}", f"++workload.checkpoint.checkpoint_folder={workdir / 'c'}",
+                    "++workload.checkpoint.num_checkpoints_write=30", "++workload.checkpoint.num_checkpoints_read=0",
+                    "++workload.model.transformer.hidden_size=1024", "++workload.model.transformer.ffn_hidden_size=3584")
+    proc = subprocess.Popen(cmd, cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", **cluster.env()})
+    lost_at, out = None, []
+    try:
+        for line in proc.stdout:
+            out.append(line)
+            if re.search(r"checkpoint save 2/|Finished saving checkpoint 2 ", line):
+                time.sleep(0.3)  # checkpoint 3 is being written
+                assert cluster.kill("node2")
+                lost_at = time.monotonic()
+                break
+        out.append(proc.communicate(timeout=120)[0])
+    finally:
+        proc.kill()
+    text = "".join(out)
+    assert lost_at is not None, text[-3000:]
+    assert time.monotonic() - lost_at < 60  # ended, not hung on the lost ranks
+    assert re.search(r"Remote host:\s+node2", text), text[-3000:]  # mpirun names the host it lost
+    assert "[METRIC]" not in text
+    assert not (workdir / "out" / "summary.json").exists()
+    assert not (workdir / "out" / "ckpt_ext_summary.json").exists()

@@ -1,0 +1,90 @@
+"""Our traces as dftracer's own analysers read them (dftracer-analyzer's
+dfanalyzer with its dlio preset, dftracer-utils' validate and stats), run from
+an environment of their own (run_scripts/tool_env.sh dftracer) on a 2-rank,
+3-checkpoint run's traces, in every DLIO environment."""
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conftest import tool, tool_env
+from dlio_run import UPSTREAM, run_dlio
+
+RANKS, CHECKPOINTS = 2, 3
+#: the trace's and our windows' time for the same checkpoints (README "Reading a trace")
+TOLERANCE = 0.05
+
+
+@pytest.fixture(scope="module")
+def dftracer_bin() -> Path:
+    return tool_env("dftracer")
+
+
+@pytest.fixture(scope="module")
+def traced_run(tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("traced")
+    run = run_dlio(workdir, RANKS, "llama3_tiny_checkpoint",
+                   f"++workload.checkpoint.num_checkpoints_write={CHECKPOINTS}",
+                   f"++workload.checkpoint.num_checkpoints_read={CHECKPOINTS}", "++workload.streaming.chunk_size=8MiB",
+                   env={"DFTRACER_ENABLE": "1", "DFTRACER_INC_METADATA": "1"})
+    assert run.returncode == 0, run.output[-3000:]
+    assert "DFTRACER_INC_METADATA" not in run.output  # no warning: arguments are kept
+    res = subprocess.run([tool("dlio-ckpt-report"), "traces", str(run.out)], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    return run, run.out / "traces"
+
+
+def _tool(dftracer_bin: Path, name: str, *args: str, cwd: Path) -> str:
+    # dfanalyzer names its run after $USER, and stops without it
+    env = {**os.environ, "USER": os.environ.get("USER", "ci")}
+    res = subprocess.run([str(dftracer_bin / name), *args], cwd=cwd, env=env, capture_output=True, text=True,
+                         timeout=600)
+    assert res.returncode == 0, (res.stdout[-3000:], res.stderr[-3000:])
+    return res.stdout
+
+
+def test_every_trace_validates_as_written_or_as_converted(traced_run, dftracer_bin, tmp_path):
+    run, traces = traced_run
+    written = sorted(p.name for p in traces.iterdir() if p.name.endswith(".pfw.gz"))
+    assert len(written) == RANKS
+    out = _tool(dftracer_bin, "dftracer_validate", "-d", str(traces), cwd=tmp_path)
+    assert f"Validated {RANKS} file(s): {RANKS} passed, 0 failed" in out
+    if UPSTREAM:  # pydftracer 2.x: the files DLIO wrote are the ones the tools read, unchanged
+        assert all((run.out / name).read_bytes() == (traces / name).read_bytes() for name in written)
+
+
+def test_dftracer_stats_counts_the_checkpoint_bytes_of_every_rank(traced_run, dftracer_bin, tmp_path):
+    run, traces = traced_run
+    stats = json.loads(_tool(dftracer_bin, "dftracer_stats", "-d", str(traces), "--report", "detailed",
+                             "--group-by", "cat", "name", "--json", cwd=tmp_path))
+    assert len(stats) == RANKS
+    expected = run.record()["checkpoint_bytes"] * CHECKPOINTS
+    for key in ("checkpoint_io|write", "checkpoint_io|read"):
+        assert sum(f["detailed"]["grouped_io"][key]["size"]["sum"] for f in stats) == expected, key
+    for f in stats:  # one row per operation, not per step
+        grouped = f["detailed"]["grouped_duration"]
+        assert grouped["checkpoint|checkpoint.save"]["count"] == CHECKPOINTS
+        assert grouped["checkpoint|checkpoint.load"]["count"] == CHECKPOINTS
+        assert not [k for k in grouped if "step" in k]
+
+
+def test_dfanalyzer_dlio_preset_shows_a_checkpoint_layer_agreeing_with_our_windows(traced_run, dftracer_bin,
+                                                                                    tmp_path):
+    run, traces = traced_run
+    _tool(dftracer_bin, "dfanalyzer", "analyzer/preset=dlio", f"trace_path={traces}", "cluster.n_workers=1",
+          "output=json", f"output.file_path={tmp_path / 'analysis.json'}", f"hydra.run.dir={tmp_path / 'run'}",
+          cwd=tmp_path)
+    summary = json.loads((tmp_path / "analysis.json").read_text())["views"]["time_range"]["summary"]
+    assert summary["unique_process_count"] == RANKS
+    layer = summary["layers"]["checkpoint"]
+    assert layer["count"] == RANKS * CHECKPOINTS * 2  # a save and a load span per rank per checkpoint
+    # the layer's time: the slowest rank's checkpoint spans added up; ours: each
+    # checkpoint's window across ranks (the [METRIC] durations), added up
+    windows = {p: m[0] * CHECKPOINTS for (p, kind), m in run.window_metrics().items() if kind == "duration"}
+    ours = windows["save"] + windows["load"]
+    assert layer["time_s"] == pytest.approx(ours, rel=TOLERANCE)
+    moved = 2 * run.record()["checkpoint_bytes"] * CHECKPOINTS
+    assert moved / layer["time_s"] == pytest.approx(moved / ours, rel=TOLERANCE)
+    assert layer["time_s"] <= ours * 1.001  # no rank's spans outlast the windows that hold them
