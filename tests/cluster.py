@@ -19,9 +19,13 @@ import signal
 import subprocess
 import sys
 import time
+from itertools import count
 from pathlib import Path
 
 AGENT = Path(__file__).with_name("cluster_ssh.sh")
+#: clusters made by this process: each gets names and a /24 of its own, since
+#: the kernel may still be removing the last one's links when the next is made
+_made = count()
 
 
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -39,11 +43,11 @@ def why_not() -> str | None:
 
 
 class Cluster:
-    """`hosts` hosts named node1..nodeN. `tag` keeps two clusters (or a stale
-    one) apart: every name and the /24 derive from it."""
+    """`hosts` hosts named node1..nodeN. `tag` (1-250) keeps clusters apart:
+    every name and the /24 derive from it; by default one per cluster made."""
 
     def __init__(self, hosts: int, tag: int | None = None) -> None:
-        self.tag = (os.getpid() % 200) + 20 if tag is None else tag
+        self.tag = 1 + (os.getpid() * 7 + next(_made)) % 250 if tag is None else tag
         self.names = [f"node{i}" for i in range(1, hosts + 1)]
         self.bridge = f"ckbr{self.tag}"
         self.subnet = f"10.213.{self.tag}.0/24"
@@ -52,6 +56,9 @@ class Cluster:
     def namespace(self, host: str) -> str:
         return f"ck{self.tag}-{host}"
 
+    def veth(self, i: int) -> str:
+        return f"ckv{self.tag}-{i}"
+
     def up(self) -> "Cluster":
         self.down()  # a cluster of this tag left over by a killed run
         try:
@@ -59,7 +66,7 @@ class Cluster:
             _ip("addr", "add", f"{self.address}/24", "dev", self.bridge)
             _ip("link", "set", self.bridge, "up")
             for i, host in enumerate(self.names, 1):
-                ns, veth = self.namespace(host), f"ckv{self.tag}-{i}"
+                ns, veth = self.namespace(host), self.veth(i)
                 _ip("netns", "add", ns)
                 _ip("link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", ns)
                 _ip("link", "set", veth, "master", self.bridge)
@@ -94,8 +101,9 @@ class Cluster:
         deadline = time.time() + 5
         while any(self.pids(h) for h in self.names) and time.time() < deadline:
             time.sleep(0.1)
-        for host in self.names:
-            _ip("netns", "del", self.namespace(host), check=False)  # takes its veth along
+        for i, host in enumerate(self.names, 1):
+            _ip("link", "del", self.veth(i), check=False)  # its peer goes with it
+            _ip("netns", "del", self.namespace(host), check=False)
         _ip("link", "del", self.bridge, check=False)
 
     def env(self) -> dict[str, str]:

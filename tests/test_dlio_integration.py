@@ -58,48 +58,6 @@ def trace_events(folder: Path) -> dict[int, list[dict]]:
     return out
 
 
-def test_dftracer_trace_has_our_checkpoint_file_and_chunk_spans(workdir):
-    run = run_dlio(workdir, 2, "llama3_tiny_checkpoint", *TWO_ONE, "++workload.streaming.chunk_size=8MiB",
-                   env={"DFTRACER_ENABLE": "1", "DFTRACER_INC_METADATA": "1"})
-    assert run.returncode == 0, run.output[-3000:]
-    events = trace_events(run.out)
-    assert sorted(events) == [0, 1]
-    ours = ("checkpoint", "checkpoint_file", "checkpoint_io", "checkpoint_gen")
-    for stats in run.rank_stats():
-        rank = stats["rank"]
-        mine = [e for e in events[rank] if e["cat"] in ours]
-        assert {int(e["args"]["rank"]) for e in mine} == {rank}
-        main_tid = next(int(e["tid"]) for e in mine if e["name"] == "checkpoint.save")
-        for phase, steps in (("save", (1, 2)), ("load", (1,))):
-            for step, rec in zip(steps, stats["phases"][phase]):
-                span = [e for e in mine if e["name"] == f"checkpoint.{phase}" and int(e["args"]["step"]) == step]
-                assert len(span) == 1 and span[0]["cat"] == "checkpoint"
-                # the span encloses the rank's own timing of that checkpoint
-                assert int(span[0]["dur"]) / 1e6 == pytest.approx(rec["elapsed_s"], abs=0.02)
-                assert int(span[0]["args"]["size"]) == sum(f["nbytes"] for f in rec["files"])
-            files = [f for rec in stats["phases"][phase] for f in rec["files"]]
-            io = "write" if phase == "save" else "read"
-            file_spans = [e for e in mine if e["name"] == f"checkpoint.file.{io}"]
-            assert sorted((e["args"]["fname"], int(e["args"]["size"])) for e in file_spans) == \
-                sorted((f["name"], f["nbytes"]) for f in files)
-            requests = [e for e in mine if e["cat"] == "checkpoint_io" and e["name"] == io]
-            assert len(requests) == sum(len(f["chunks"]) for f in files)
-            assert sum(int(e["args"]["ret"]) for e in requests) == sum(f["nbytes"] for f in files)
-            by_offset = sorted((e["args"]["fname"], int(e["args"]["offset"])) for e in requests)
-            assert by_offset == sorted((f["name"], int(c[0])) for f in files for c in f["chunks"])
-            if phase == "save":  # written from the pipeline's consumer, the checkpoint's own thread
-                assert {int(e["tid"]) for e in requests} == {main_tid}
-                traced_s = sum(int(e["dur"]) for e in requests) / 1e6
-                assert traced_s == pytest.approx(sum(c[3] for f in files for c in f["chunks"]), abs=2e-3 * len(files))
-            else:  # read on the reader threads, never on the checkpoint's own
-                assert main_tid not in {int(e["tid"]) for e in requests}
-        fills = [e for e in mine if e["name"] == "fill"]
-        assert len(fills) == sum(len(f["chunks"]) for rec in stats["phases"]["save"] for f in rec["files"])
-        assert fills[0]["cat"] == "checkpoint_gen" and main_tid not in {int(e["tid"]) for e in fills}
-        assert not [e for e in mine if "step" in e["name"]]
-    assert "DFTRACER_INC_METADATA" not in run.output
-
-
 def test_a_trace_without_dftracers_arguments_switch_is_said(workdir):
     run = run_dlio(workdir, 1, "llama3_tiny_checkpoint", *TWO_ONE, env={"DFTRACER_ENABLE": "1"})
     assert run.returncode == 0, run.output[-3000:]
