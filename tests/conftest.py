@@ -57,9 +57,13 @@ def s3(tmp_path_factory):
 
 
 @pytest.fixture
-def workdir(tmp_path: Path) -> Path:
-    """A scratch directory on a disk file system (O_DIRECT capable)."""
-    return tmp_path
+def workdir(tmp_path: Path):
+    """A scratch directory on a disk file system (O_DIRECT capable), removed
+    after the test: pytest keeps its last three sessions' files, and a suite's
+    checkpoints in three DLIO environments came to tens of GB (a full disk
+    then failed S3 uploads with timeouts)."""
+    yield tmp_path
+    shutil.rmtree(tmp_path, ignore_errors=True)
 
 
 def pytest_configure(config):
