@@ -43,7 +43,9 @@ def test_each_rank_records_the_share_its_binding_allows(workdir, np, binding, ma
 
 def test_a_binding_that_starves_generation_is_said(workdir):
     """One rank bound to one CPU, writing to memory (tmpfs): one generator thread
-    cannot outrun that storage twice over, and no second thread may be added."""
+    rarely outruns that storage twice over, and no second thread may be added.
+    Whether it did is the machine's business: the run must say so exactly when
+    its own per-file fill and I/O times say so."""
     shm = Path("/dev/shm")
     if not shm.is_dir():
         pytest.skip("no /dev/shm for a storage faster than one generator thread")
@@ -55,9 +57,15 @@ def test_a_binding_that_starves_generation_is_said(workdir):
         subprocess.run(["rm", "-rf", str(ckpt)])
     assert run.returncode == 0, run.output[-3000:]
     [stats] = run.rank_stats()
-    assert stats["gen_thread_budget"]["starved"] and stats["gen_thread_budget"]["limit"] == 1
+    budget = stats["gen_thread_budget"]
+    files = [f for save in stats["phases"]["save"] for f in save["files"]]
+    # the budget counts closing (the fsync) as I/O
+    under_target = [f["name"] for f in files
+                    if (f["io_s"] + f["close_s"]) / f["fill_s"] < budget["target_margin"]]
+    assert budget["limit"] == 1 and budget["used_per_file"] == [1] * len(files) == [f["gen_threads"] for f in files]
+    assert budget["files_at_limit_under_target"] == len(under_target)
+    assert budget["starved"] == bool(under_target)
     warning = ("[WARNING] generation was limited by the CPU binding: rank(s) 0 ran at their generator thread "
                "limit with generation under 2x I/O (rank 0 may run on 1 CPU(s), its share 1; binding: core); "
                "give each rank more CPUs: mpirun --bind-to none, or --map-by ppr:1:node:PE=N with N CPUs per rank")
-    assert warning in run.stdout
-    assert warning in run.record()["warnings"]
+    assert (warning in run.stdout) == bool(under_target) == (warning in run.record()["warnings"])
