@@ -28,10 +28,9 @@ class Checkpointer:
         self.cfg, self.rank, self.comm_size, self.ranks_per_node = cfg, rank, comm_size, ranks_per_node
         self.cpu_share = unbound_share(ranks_per_node) if cpu_share is None else cpu_share
         sto = cfg.storage
-        self.backend: Backend = open_backend(sto.storage_type,
-                                             join_root(sto.storage_root, cfg.checkpoint.checkpoint_folder),
-                                             dict(sto.storage_options), cfg.checkpoint.fsync,
-                                             self.cpu_share)
+        self.root = join_root(sto.storage_root, cfg.checkpoint.checkpoint_folder)
+        self.backend: Backend = open_backend(sto.storage_type, self.root, dict(sto.storage_options),
+                                             cfg.checkpoint.fsync, self.cpu_share)
         self.threads = ThreadBudget(self.cpu_share, cfg.streaming.gen_threads)
         self.pool: BufferPool | None = None
         self.read_pool: BufferPool | None = None
@@ -101,8 +100,23 @@ class Checkpointer:
 
     def expected_sizes(self, steps: list[int], epoch: int = 1) -> dict[str, int]:
         """Every file of the given checkpoints, all ranks, path -> size."""
-        return {f"{self.directory(s, epoch)}/{f.name}": f.size for s in steps for r in range(self.comm_size)
+        files = self.checkpoint_files()
+        return {f"{self.directory(s, epoch)}/{name}": size for s in steps for name, size in files.items()}
+
+    def checkpoint_files(self) -> dict[str, int]:
+        """Every rank's files of one checkpoint, name (below its directory) -> size."""
+        return {f.name: f.size for r in range(self.comm_size)
                 for f in self.rank_plan(r).files + self.rank_plan(r).commit_files}
+
+    def planned_writes(self, steps: list[int], epoch: int = 1) -> dict:
+        """Where the given checkpoints go and what each holds (all ranks): enough
+        to open the storage again after the run and tell complete checkpoints
+        from half-written ones. The names are the same in every checkpoint, so
+        they are listed once (a 1T run has tens of thousands)."""
+        sto = self.cfg.storage
+        return {"storage_type": sto.storage_type, "root": self.root, "storage_options": dict(sto.storage_options),
+                "directories": {str(s): self.directory(s, epoch) for s in steps},
+                "files": self.checkpoint_files()}
 
     # -- I/O --------------------------------------------------------------
     def concurrency(self) -> dict:

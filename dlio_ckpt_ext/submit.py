@@ -29,7 +29,7 @@ from typing import Any, Optional
 from dlio_ckpt_ext import plan
 from dlio_ckpt_ext import submission_tree as tree
 from dlio_ckpt_ext.config import RunConfig, load_config
-from dlio_ckpt_ext.dlio.records import RECORD_FILE
+from dlio_ckpt_ext.result_files import RECORD_FILE
 from dlio_ckpt_ext.errors import ConfigError
 from dlio_ckpt_ext.executables import find_executable
 from dlio_ckpt_ext.redact import redact_args, redact_text, redact_tree
@@ -267,6 +267,17 @@ class Place:
         return tree.model_folder(self.results, self.division, self.org, self.system, model_name)
 
 
+def left_behind(folder: Path) -> str:
+    """What a failed invocation left on the storage, said with its failure."""
+    from dlio_ckpt_ext.report.results import ResultsError
+    from dlio_ckpt_ext.report.unfinished import describe, run_state
+    try:
+        state = run_state(folder)
+    except ResultsError as exc:
+        return f"\n[submit] {exc}"
+    return "" if state is None else "\n" + "\n".join(describe(state))
+
+
 def run_invocation(sub: Submission, place: Place, cfg: RunConfig, phase_overrides: list[str],
                    extra: list[str]) -> Invocation:
     folder, _ = tree.new_invocation_folder(place.model_folder(cfg.model.name))
@@ -281,7 +292,7 @@ def run_invocation(sub: Submission, place: Place, cfg: RunConfig, phase_override
     record_path = folder / RECORD_FILE
     if code != 0 or not record_path.exists():
         raise SystemExit(f"[submit] the invocation in {folder} failed (exit code {code}); see its output above "
-                         f"and {folder / tree.STDERR_LOG}")
+                         f"and {folder / tree.STDERR_LOG}" + left_behind(folder))
     record = json.loads(record_path.read_text())
     if record.get("status") != "success":  # mpirun's exit code alone does not say (0 after a lost host)
         raise SystemExit(f"[submit] the invocation in {folder} did not complete (status {record.get('status')!r})")

@@ -10,7 +10,7 @@ from pathlib import Path
 from conftest import tool
 
 from dlio_ckpt_ext.dlio.provenance import dlio_has_checkpoint_workflow, dlio_is_mlcommons_fork
-from dlio_ckpt_ext.dlio.records import RECORD_FILE
+from dlio_ckpt_ext.result_files import RECORD_FILE
 
 #: which DLIO this environment runs: upstream main prints its own [METRIC]
 #: lines (GB label, no ±) and ours become "[INFO] global window:" lines

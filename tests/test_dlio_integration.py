@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from dlio_ckpt_ext.dlio.records import RECORD_FILE
+from dlio_ckpt_ext.result_files import RECORD_FILE
 from dlio_run import UPSTREAM, dlio_command, run_dlio
 from test_dlio_run import zero3_file_sizes
 

@@ -1,5 +1,6 @@
 """End to end: mpirun + DLIO's own dlio_benchmark entry point + our presets."""
 import json
+import re
 import shlex
 import shutil
 import statistics
@@ -9,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from dlio_ckpt_ext.dlio.records import RECORD_FILE
+from conftest import tool
+from dlio_ckpt_ext.result_files import RECORD_FILE
 from dlio_run import DLIO_VERSION, FLAVOUR, UPSTREAM, dlio_command, run_dlio
 
 TINY = dict(L=4, h=512, f=1792, V=8192, heads=8, kv=2)
@@ -149,6 +151,20 @@ def test_one_failing_rank_aborts_the_whole_job(workdir):
     assert f"rank 1: checkpoint save 1 failed: cannot create {blocker}" in run.stderr
     assert "[METRIC]" not in run.output
     assert not (run.out / "summary.json").exists() and not (run.out / RECORD_FILE).exists()
+    # the run's marker stayed behind and says what is on the storage: rank 0 removes its partial file when
+    # mpirun's SIGTERM reaches it in Python, which mpirun's SIGKILL may forestall
+    status = subprocess.run([tool("dlio-ckpt-report"), "status", str(run.out)], capture_output=True, text=True)
+    assert status.returncode == 1, status.stdout + status.stderr
+    assert "the run did not finish" in status.stdout
+    left = {f.name: f.stat().st_size for f in blocker.parent.iterdir() if f != blocker}
+    if left:
+        assert "checkpoint 1 incomplete" in status.stdout and "not started: 2-10 (9)" in status.stdout
+        assert f"missing: global_epoch1_step1/{blocker.name}\n" in status.stdout
+        for name, size in left.items():
+            assert re.search(rf"partial: global_epoch1_step1/{name} \({size} of \d+ bytes\)", status.stdout) \
+                or f"/{name}" not in status.stdout  # complete
+    else:
+        assert "complete (every file at its planned size): none\n  not started: 1-10 (10)" in status.stdout
 
 
 @pytest.mark.skipif(shutil.which("script") is None, reason="util-linux 'script' (a pseudo-terminal) is missing")

@@ -9,7 +9,7 @@ import pytest
 from PIL import Image
 
 from conftest import tool
-from dlio_ckpt_ext.dlio.records import RECORD_FILE
+from dlio_ckpt_ext.result_files import RECORD_FILE, RUNNING_FILE
 from dlio_ckpt_ext.report.cli import main as report_main
 from dlio_ckpt_ext.submit import Submission, check_closed_rules, effective_config
 from dlio_run import run_dlio
@@ -44,6 +44,14 @@ def test_results_directory_has_summary_manifest_config_and_rank_stats(two_runs):
         assert key in manifest
     assert "chunk_size: 4MiB" in (out / "effective_config.yaml").read_text()
     assert len(list((out / "rank_stats").glob("rank_*.json"))) == 2
+
+
+
+def test_status_of_a_finished_run(two_runs, capsys):
+    out = two_runs[0].out
+    assert not (out / RUNNING_FILE).exists()  # removed once the record was written
+    assert report_main(["status", str(out)]) == 0
+    assert "the run finished" in capsys.readouterr().out
 
 
 def test_run_report_png_and_printed_numbers(two_runs, capsys):

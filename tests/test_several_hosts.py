@@ -166,3 +166,28 @@ def test_a_host_lost_mid_save_ends_the_job_naming_it_and_claims_no_result(cluste
     assert "[METRIC]" not in text
     assert not (workdir / "out" / "summary.json").exists()
     assert not (workdir / "out" / "ckpt_ext_summary.json").exists()
+    # what the lost host left half-written is listed, measured here against checkpoint 1 (complete: saved
+    # before the kill): every file of a later checkpoint at checkpoint 1's size, or not
+    ckpt = workdir / "c"
+    sizes = {d.name: {f.name: f.stat().st_size for f in d.iterdir()} for d in ckpt.iterdir()}
+    reference = sizes["global_epoch1_step1"]
+    incomplete = {d: sorted(n for n in reference if files.get(n) != reference[n])
+                  for d, files in sizes.items() if files != reference}
+    assert incomplete, sizes  # the kill came mid-save
+    status = subprocess.run([tool("dlio-ckpt-report"), "status", str(workdir / "out")], capture_output=True, text=True)
+    assert status.returncode == 1, status.stdout + status.stderr
+    assert "the run did not finish" in status.stdout and "ranks on node1, node2" in status.stdout
+    listed = dict(re.findall(r"(?:partial|missing): (\S+)/(\S+)", status.stdout))
+    assert {d: sorted(n for dd, n in re.findall(r"(?:partial|missing): (\S+)/(\S+)", status.stdout) if dd == d)
+            for d in listed} == incomplete
+    for d, names in incomplete.items():
+        for n in names:
+            if n in sizes[d]:
+                assert f"partial: {d}/{n} ({sizes[d][n]} of {reference[n]} bytes)" in status.stdout
+    removed = subprocess.run([tool("dlio-ckpt-report"), "status", str(workdir / "out"), "--remove-incomplete"],
+                             capture_output=True, text=True)
+    assert removed.returncode == 1, removed.stdout + removed.stderr
+    left = {d.name for d in ckpt.iterdir()}
+    assert left == set(sizes) - set(incomplete)  # the incomplete checkpoints gone, the complete ones kept
+    assert all({f.name: f.stat().st_size for f in (ckpt / d).iterdir()} == reference for d in left)
+

@@ -6,6 +6,7 @@ rank_stats file per rank.
 """
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 import sys
@@ -18,14 +19,11 @@ from dlio_ckpt_ext.dlio import metrics, provenance, trace
 from dlio_ckpt_ext.engine.buffers import huge_page_bytes, thp_setting
 from dlio_ckpt_ext.engine.threads import usable_cpus
 from dlio_ckpt_ext.redact import redact_args, redact_tree
+from dlio_ckpt_ext.result_files import CONFIG_FILE, MANIFEST_FILE, RANK_STATS_DIR, RECORD_FILE, RUNNING_FILE
 
 if TYPE_CHECKING:
     from dlio_ckpt_ext.dlio.session import CheckpointSession
 
-RECORD_FILE = "ckpt_ext_summary.json"
-MANIFEST_FILE = "manifest.json"
-CONFIG_FILE = "effective_config.yaml"
-RANK_STATS_DIR = "rank_stats"
 
 
 def _utc(t: float) -> str:
@@ -40,6 +38,24 @@ def peak_rss_bytes() -> int | None:
             return next(int(line.split()[1]) * 1024 for line in fh if line.startswith("VmHWM:"))
     except (OSError, StopIteration):
         return None
+
+
+def write_running(session: "CheckpointSession") -> None:
+    """Rank 0, before the first checkpoint's window: the marker of a run in
+    progress (see RUNNING_FILE), with every checkpoint this run will write."""
+    c, topo = session.config.checkpoint, session.topology
+    os.makedirs(session.output_folder, exist_ok=True)
+    metrics.write_json(os.path.join(session.output_folder, RUNNING_FILE), {
+        "status": "running", "start_time": session.start_time, "start_time_utc": _utc(session.start_time),
+        "command": redact_args(sys.argv), "ranks": session.size, "hosts": list(topo.hosts),
+        "checkpoints": redact_tree(session.checkpointer.planned_writes(list(range(1, c.num_checkpoints_write + 1)))),
+        "keep_files": c.keep_files})
+
+
+def remove_running(session: "CheckpointSession") -> None:
+    """Rank 0, after the record of the finished run is written."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(os.path.join(session.output_folder, RUNNING_FILE))
 
 
 def write_rank_stats(session: "CheckpointSession", totals: dict) -> None:

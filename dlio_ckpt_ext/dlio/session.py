@@ -163,6 +163,8 @@ class CheckpointSession:
             # Reading an earlier run's checkpoints: check they are all there first.
             self._check_inventory(list(range(1, c.num_checkpoints_read + 1)))
         if self.rank == 0:
+            with self.abort_on_error("writing the run's marker"):
+                records.write_running(self)
             self._announce()
 
     # -- failures end every rank ---------------------------------------------
@@ -407,6 +409,8 @@ class CheckpointSession:
             with self.abort_on_error("removing the checkpoints"):
                 removed = self.checkpointer.remove_written(list(range(1, c.num_checkpoints_write + 1)))
             print(f"[INFO] keep_files=False: removed the {removed} checkpoint files this run wrote", flush=True)
+        if self.rank == 0:
+            records.remove_running(self)
         self.checkpointer.close()
         self.comm.barrier()
 

@@ -5,6 +5,7 @@
   dlio-ckpt-report sweep SWEEP_DIR [--out-dir DIR]
   dlio-ckpt-report uploads s3://BUCKET/PREFIX [--abort]
   dlio-ckpt-report traces RESULTS_DIR [--out-dir DIR]
+  dlio-ckpt-report status RESULTS_DIR [--remove-incomplete]
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import sys
 from pathlib import Path
 
 from dlio_ckpt_ext.report.results import ResultsError, load_result
+from dlio_ckpt_ext.result_files import RECORD_FILE
 
 
 def _run(args) -> int:
@@ -75,6 +77,19 @@ def _traces(args) -> int:
     return 0
 
 
+def _status(args) -> int:
+    from dlio_ckpt_ext.report.unfinished import describe, remove_incomplete, run_state
+    state = run_state(args.results)
+    if state is None:
+        print(f"{args.results}: the run finished (see {RECORD_FILE})")
+        return 0
+    print("\n".join(describe(state)))
+    if args.remove_incomplete:
+        files, uploads = remove_incomplete(state)
+        print(f"removed {files} file(s) of the incomplete checkpoints and aborted {uploads} open upload(s)")
+    return 1
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="dlio-ckpt-report", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -100,6 +115,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("results", help="a run's results directory (holds its trace-*.pfw* files)")
     p.add_argument("--out-dir", help="where to write them (default RESULTS/traces)")
     p.set_defaults(func=_traces)
+    p = sub.add_parser("status", help="whether a run finished; if not, which checkpoints it left complete, "
+                                      "half-written or not started (exit code 1)")
+    p.add_argument("results", help="a run's output folder")
+    p.add_argument("--remove-incomplete", action="store_true",
+                   help="delete the half-written checkpoints' files and abort the run's open uploads")
+    p.set_defaults(func=_status)
     args = ap.parse_args(argv)
     try:
         return args.func(args)

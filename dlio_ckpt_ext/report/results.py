@@ -7,7 +7,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from dlio_ckpt_ext.dlio.records import RANK_STATS_DIR, RECORD_FILE
+from dlio_ckpt_ext.result_files import RANK_STATS_DIR, RECORD_FILE, RUNNING_FILE
 
 
 class ResultsError(Exception):
@@ -56,6 +56,9 @@ def load_result(path: str | Path) -> Result:
     if not p.is_dir():
         raise ResultsError(f"{p}: no such directory")
     summary_path = p / RECORD_FILE
+    if not summary_path.exists() and (p / RUNNING_FILE).exists():
+        raise ResultsError(f"{p}: the run did not finish (its {RUNNING_FILE} is still there); "
+                           f"dlio-ckpt-report status {p} lists what it left on the storage")
     if not summary_path.exists():
         raise ResultsError(f"{p} is not a results directory: it has no {RECORD_FILE} (rank 0 writes it "
                            "when a run completes, under either DLIO; a failed or unfinished run leaves none)")

@@ -1,0 +1,17 @@
+"""The names of a run's result files: one low place that the writers (dlio/records.py)
+and the readers (report/, submit) share, so neither reaches into the other.
+
+DLIO owns summary.json (its schema: dlio/dlio_schema.py); ours sit beside it.
+"""
+
+#: our record of a finished run: status "success", figures, manifest, config
+RECORD_FILE = "ckpt_ext_summary.json"
+MANIFEST_FILE = "manifest.json"
+CONFIG_FILE = "effective_config.yaml"
+#: one rank_NNNNN.json per rank
+RANK_STATS_DIR = "rank_stats"
+#: written by rank 0 before the first checkpoint and removed after RECORD_FILE:
+#: a run that leaves it behind did not finish (mpirun may still exit 0, e.g.
+#: after losing a host), and it holds what `dlio-ckpt-report status` needs to
+#: list (or remove) what the run left half-written
+RUNNING_FILE = "ckpt_ext_running.json"
