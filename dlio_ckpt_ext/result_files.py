@@ -15,3 +15,5 @@ RANK_STATS_DIR = "rank_stats"
 #: after losing a host), and it holds what `dlio-ckpt-report status` needs to
 #: list (or remove) what the run left half-written
 RUNNING_FILE = "ckpt_ext_running.json"
+#: written by the hydra callback into a sweep job that failed, with the reason
+FAILED_FILE = "job_failed.txt"

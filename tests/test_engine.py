@@ -11,7 +11,7 @@ from dlio_ckpt_ext.engine import BufferPool, ContentSpec, derive_seed, load_file
 from dlio_ckpt_ext.engine import content as content_mod
 from dlio_ckpt_ext.engine.buffers import PAGE, huge_page_bytes, thp_setting
 from dlio_ckpt_ext.errors import StorageError, VerificationError
-from dlio_ckpt_ext.storage.base import Backend, Writer
+from dlio_ckpt_ext.engine.storage_interface import Backend, Writer
 from dlio_ckpt_ext.storage.posix import PosixBackend, PosixOptions
 from memory_maps import anon_huge_pages, mapping_permissions
 

@@ -233,7 +233,7 @@ class CheckpointWorkloadCallback(Callback):
             return
         from dlio_benchmark.utils.utility import DLIOMPI
 
-        from dlio_ckpt_ext.report.sweep import FAILED_FILE
+        from dlio_ckpt_ext.result_files import FAILED_FILE
         reason = redact_text(str(job_return._return_value))
         if DLIOMPI.get_instance().comm().rank == 0:
             job_dir = HydraConfig.get().runtime.output_dir

@@ -11,9 +11,9 @@ import datetime
 import os
 import sys
 from dataclasses import asdict
-from typing import TYPE_CHECKING
+from typing import Optional, Protocol
 
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from dlio_ckpt_ext.dlio import metrics, provenance, trace
 from dlio_ckpt_ext.engine.buffers import huge_page_bytes, thp_setting
@@ -21,8 +21,35 @@ from dlio_ckpt_ext.engine.threads import usable_cpus
 from dlio_ckpt_ext.redact import redact_args, redact_tree
 from dlio_ckpt_ext.result_files import CONFIG_FILE, MANIFEST_FILE, RANK_STATS_DIR, RECORD_FILE, RUNNING_FILE
 
-if TYPE_CHECKING:
-    from dlio_ckpt_ext.dlio.session import CheckpointSession
+from dlio_ckpt_ext.checkpointer import Checkpointer
+from dlio_ckpt_ext.config import RunConfig
+from dlio_ckpt_ext.dlio.mpi import Topology
+
+
+class CheckpointSession(Protocol):
+    """What the writers here read of a run (dlio/session.py's CheckpointSession,
+    which imports this module: named by its shape, not imported back)."""
+    config: RunConfig
+    workload: DictConfig
+    checkpointer: Checkpointer
+    topology: Topology
+    output_folder: str
+    rank: int
+    size: int
+    start_time: float
+    end_time: float
+    #: phase -> this rank's per-checkpoint records; windows: rank 0's global windows
+    local: dict[str, list[dict]]
+    windows: dict[str, list[dict]]
+    blocked: list[dict]
+    inventory: Optional[dict]
+    async_summary: Optional[dict]
+    rank_buffer_bytes: int
+
+    @property
+    def checkpoint_bytes(self) -> int: ...
+
+    def warnings(self) -> list[str]: ...
 
 
 
@@ -40,7 +67,7 @@ def peak_rss_bytes() -> int | None:
         return None
 
 
-def write_running(session: "CheckpointSession") -> None:
+def write_running(session: CheckpointSession) -> None:
     """Rank 0, before the first checkpoint's window: the marker of a run in
     progress (see RUNNING_FILE), with every checkpoint this run will write."""
     c, topo = session.config.checkpoint, session.topology
@@ -52,13 +79,13 @@ def write_running(session: "CheckpointSession") -> None:
         "keep_files": c.keep_files})
 
 
-def remove_running(session: "CheckpointSession") -> None:
+def remove_running(session: CheckpointSession) -> None:
     """Rank 0, after the record of the finished run is written."""
     with contextlib.suppress(FileNotFoundError):
         os.unlink(os.path.join(session.output_folder, RUNNING_FILE))
 
 
-def write_rank_stats(session: "CheckpointSession", totals: dict) -> None:
+def write_rank_stats(session: CheckpointSession, totals: dict) -> None:
     ck, topo = session.checkpointer, session.topology
     rank_dir = os.path.join(session.output_folder, RANK_STATS_DIR)
     os.makedirs(rank_dir, exist_ok=True)
@@ -75,7 +102,7 @@ def write_rank_stats(session: "CheckpointSession", totals: dict) -> None:
         "trace": dict(trace.COST) if trace.enabled() else None})
 
 
-def manifest(session: "CheckpointSession") -> dict:
+def manifest(session: CheckpointSession) -> dict:
     """What makes two results comparable: code, environment and settings."""
     ck, topo = session.checkpointer, session.topology
     return {"versions": provenance.versions(), "dlio": provenance.dlio_flavor(),
@@ -97,7 +124,7 @@ def manifest(session: "CheckpointSession") -> dict:
             "transparent_hugepage": thp_setting()}
 
 
-def effective_config(session: "CheckpointSession") -> tuple[dict, dict]:
+def effective_config(session: CheckpointSession) -> tuple[dict, dict]:
     """Our validated sections and DLIO's whole workload, credentials redacted."""
     sections = redact_tree(asdict(session.config.sections))
     workload = redact_tree(OmegaConf.to_container(session.workload, resolve=True))
@@ -112,7 +139,7 @@ def phase_summary(windows: list[dict], report: dict) -> dict:
             "per_checkpoint": windows, "results": report}
 
 
-def write_run_record(session: "CheckpointSession", reports: dict) -> None:
+def write_run_record(session: CheckpointSession, reports: dict) -> None:
     """Rank 0: the manifest, the effective config and RECORD_FILE."""
     folder = session.output_folder
     size = session.checkpoint_bytes

@@ -16,7 +16,7 @@ from dlio_ckpt_ext.engine.pipeline import Chunk
 from dlio_ckpt_ext.engine.profile import FileStats, busy_seconds
 from dlio_ckpt_ext.engine.spans import SpanSink, stage_span
 from dlio_ckpt_ext.errors import VerificationError
-from dlio_ckpt_ext.storage.base import Backend, Writer
+from dlio_ckpt_ext.engine.storage_interface import Backend, Writer
 
 
 #: called with the byte count of each chunk as it completes (e.g. a progress bar)

@@ -13,6 +13,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from dlio_ckpt_ext.errors import StorageError
 from dlio_ckpt_ext.report.results import ResultsError, load_result
 from dlio_ckpt_ext.result_files import RECORD_FILE
 
@@ -54,7 +55,7 @@ def _sweep(args) -> int:
 
 
 def _uploads(args) -> int:
-    from dlio_ckpt_ext.report.uploads import abort_uploads, open_uploads
+    from dlio_ckpt_ext.storage.uploads import abort_uploads, open_uploads
     found = open_uploads(args.uri)
     for u in found:
         print(f"open upload: s3://{args.uri[5:].partition('/')[0]}/{u['key']} (id {u['upload_id']}, "
@@ -124,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     try:
         return args.func(args)
-    except ResultsError as exc:
+    except (ResultsError, StorageError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
 

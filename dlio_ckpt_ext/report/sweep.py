@@ -7,9 +7,8 @@ from pathlib import Path
 import yaml
 
 from dlio_ckpt_ext.report.results import ResultsError, load_result
+from dlio_ckpt_ext.result_files import FAILED_FILE
 
-#: written by the hydra callback into a sweep job that failed, with the reason
-FAILED_FILE = "job_failed.txt"
 COLUMNS = ("save_gib_s", "save_std", "save_duration_s", "load_gib_s", "load_std", "load_duration_s")
 
 

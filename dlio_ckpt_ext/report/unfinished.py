@@ -92,7 +92,7 @@ def run_state(folder: str | Path) -> RunState | None:
         states.append(state)
     uploads = []
     if ck["root"].startswith("s3://"):
-        from dlio_ckpt_ext.report.uploads import open_uploads
+        from dlio_ckpt_ext.storage.uploads import open_uploads
         uploads = open_uploads(ck["root"].rstrip("/") + "/")
     return RunState(folder, marker, states, uploads)
 
@@ -109,7 +109,7 @@ def remove_incomplete(state: RunState) -> tuple[int, int]:
         backend.remove_empty_dir(c.directory)
     aborted = 0
     if state.open_uploads:
-        from dlio_ckpt_ext.report.uploads import abort_uploads
+        from dlio_ckpt_ext.storage.uploads import abort_uploads
         aborted = abort_uploads(state.marker["checkpoints"]["root"], state.open_uploads)
     return removed, aborted
 

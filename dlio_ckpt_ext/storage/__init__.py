@@ -1,4 +1,4 @@
-"""Storage backends behind one interface (see base.py), chosen by storage_type."""
+"""Storage backends behind the engine's interface (engine/storage_interface.py), chosen by storage_type."""
 from __future__ import annotations
 
 import posixpath
@@ -6,7 +6,7 @@ from typing import Optional
 
 from dlio_ckpt_ext.config import STORAGE_TYPES, structured
 from dlio_ckpt_ext.errors import ConfigError
-from dlio_ckpt_ext.storage.base import Backend, Reader, Writer
+from dlio_ckpt_ext.engine.storage_interface import Backend, Reader, Writer
 
 __all__ = ["Backend", "Reader", "Writer", "open_backend"]
 

@@ -22,7 +22,7 @@ import s3dlio
 from dlio_ckpt_ext.config import parse_size
 from dlio_ckpt_ext.engine.threads import usable_cpus
 from dlio_ckpt_ext.errors import ConfigError, StorageError
-from dlio_ckpt_ext.storage.base import Backend, Reader, Writer
+from dlio_ckpt_ext.engine.storage_interface import Backend, Reader, Writer
 from dlio_ckpt_ext.storage.upload_janitor import WATCH
 
 SCHEMES = ("s3", "file", "direct")

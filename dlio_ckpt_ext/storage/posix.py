@@ -10,7 +10,7 @@ from typing import Optional
 
 from dlio_ckpt_ext.engine.buffers import PAGE
 from dlio_ckpt_ext.errors import ConfigError, StorageError
-from dlio_ckpt_ext.storage.base import Backend, Reader, Writer
+from dlio_ckpt_ext.engine.storage_interface import Backend, Reader, Writer
 
 IO_MODES = ("direct", "buffered")
 

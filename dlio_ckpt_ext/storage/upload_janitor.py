@@ -79,7 +79,7 @@ WATCH = UploadWatch()
 
 
 def _abort_left_open(uri: str) -> None:
-    from dlio_ckpt_ext.report.uploads import abort_uploads, open_uploads
+    from dlio_ckpt_ext.storage.uploads import abort_uploads, open_uploads
     key = uri[len("s3://"):].partition("/")[2]
     abort_uploads(uri, [u for u in open_uploads(uri) if u["key"] == key])
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 
-from dlio_ckpt_ext.report.results import ResultsError
+from dlio_ckpt_ext.errors import StorageError
 
 
 def _client():
@@ -27,7 +27,7 @@ def _client():
 def open_uploads(uri: str) -> list[dict]:
     """[{key, upload_id, initiated}] of the multipart uploads open under s3://bucket/prefix."""
     if not uri.startswith("s3://"):
-        raise ResultsError(f"{uri}: give an s3://bucket/prefix URI")
+        raise StorageError(f"{uri}: give an s3://bucket/prefix URI")
     bucket, _, prefix = uri[len("s3://"):].partition("/")
     client = _client()
     out, kwargs = [], {"Bucket": bucket, "Prefix": prefix}
@@ -40,7 +40,7 @@ def open_uploads(uri: str) -> list[dict]:
                 return out
             kwargs.update(KeyMarker=page["NextKeyMarker"], UploadIdMarker=page["NextUploadIdMarker"])
     except Exception as exc:  # noqa: BLE001 - botocore's errors say what went wrong
-        raise ResultsError(f"cannot list the multipart uploads of {uri}: {exc}") from None
+        raise StorageError(f"cannot list the multipart uploads of {uri}: {exc}") from None
 
 
 def abort_uploads(uri: str, uploads: list[dict]) -> int:

@@ -1,4 +1,5 @@
-"""The small interface every storage backend implements.
+"""The small interface every storage backend implements, owned by the engine
+that drives it (the backends in storage/ implement it; the engine knows none).
 
 Paths are relative to the backend's root and use '/' separators.
 """
