@@ -24,11 +24,11 @@ STORAGE_TYPES = ("local_fs", "parallel_fs", "s3", "direct_fs")
 ASYNC_MODES = ("disabled", "async")
 MiB = 1 << 20
 #: read requests in flight per rank when streaming.read_parallelism is 0, by storage type
-#: (measured: bench/remote_bench.py through an emulated remote link for s3, README)
+#: (measured: bench/remote_bench.py through an emulated remote link for s3, docs/object-storage.md)
 DEFAULT_READ_PARALLELISM = {"s3": 32, "local_fs": 16, "parallel_fs": 16, "direct_fs": 16}
 #: files of one checkpoint whose uploads a rank overlaps when streaming.concurrent_files
 #: is 0. S3: two, as measured through the emulated remote link (bench/remote_bench.py
-#: --ab, README): a file's last parts leave the link idle unless the next file starts.
+#: --ab, docs/object-storage.md): a file's last parts leave the link idle unless the next file starts.
 #: >1 needs a storage that lends its write memory (S3 parts), so overlapping files
 #: share no buffer pool
 DEFAULT_CONCURRENT_FILES = {"s3": 2, "local_fs": 1, "parallel_fs": 1, "direct_fs": 1}
@@ -36,28 +36,28 @@ DEFAULT_CONCURRENT_FILES = {"s3": 2, "local_fs": 1, "parallel_fs": 1, "direct_fs
 
 @dataclass
 class TransformerConfig:
-    vocab_size: int = 128256
-    hidden_size: int = 4096
-    ffn_hidden_size: int = 14336
-    num_attention_heads: int = 32
-    num_kv_heads: int = 8
+    vocab_size: int = 128256           # embedding and output layer rows
+    hidden_size: int = 4096            # model width
+    ffn_hidden_size: int = 14336       # MLP width (SwiGLU: three matrices of hidden x ffn)
+    num_attention_heads: int = 32      # query heads
+    num_kv_heads: int = 8              # key/value heads (grouped-query attention)
 
 
 @dataclass
 class ParallelismConfig:
-    tensor: int = 1
-    pipeline: int = 1
+    tensor: int = 1                    # tensor-parallel degree
+    pipeline: int = 1                  # pipeline-parallel degree (layers split across stages)
     data: Optional[int] = None  # data-parallel degree of the full job; subset mode only
-    zero_stage: int = 0
+    zero_stage: int = 0                # ZeRO: 0 only the first replica saves; 1-2 optimizer sharded; 3 all
 
 
 @dataclass
 class ModelConfig:
-    name: str = "llama3_8b"
-    type: str = "transformer"
-    num_layers: int = 32
-    model_datatype: str = "fp16"
-    optimizer_datatype: str = "fp32"
+    name: str = "llama3_8b"            # the model's name in the results
+    type: str = "transformer"          # the only shape the plan sizes
+    num_layers: int = 32               # transformer layers
+    model_datatype: str = "fp16"       # parameter datatype: fp16, bf16, fp32, ...
+    optimizer_datatype: str = "fp32"   # optimizer state datatype (Adam: master weights + 2 moments)
     parallelism: ParallelismConfig = field(default_factory=ParallelismConfig)
     transformer: TransformerConfig = field(default_factory=TransformerConfig)
 
@@ -65,8 +65,8 @@ class ModelConfig:
 @dataclass
 class CheckpointConfig:
     checkpoint_folder: str = "checkpoints"        # below storage.storage_root
-    num_checkpoints_write: int = 10
-    num_checkpoints_read: int = 10
+    num_checkpoints_write: int = 10    # checkpoints saved (each timed as one window)
+    num_checkpoints_read: int = 10     # checkpoints loaded after the saves (0 with no write: an earlier run's)
     time_between_checkpoints: float = 0.0         # seconds of idle before each checkpoint, untimed
     fsync: bool = True                            # fsync each local file before its close counts
     mode: str = "default"                         # default | subset
@@ -78,13 +78,13 @@ class CheckpointConfig:
     rank_sync: bool = True                        # barrier before each checkpoint
     recovery_rank_shift: bool = False             # read the files of rank (r + ranks_per_node) % size
     keep_files: bool = True                       # False: delete the checkpoints after the run
-    checkpoint_mechanism_classname: str = MECHANISM_CLASS
+    checkpoint_mechanism_classname: str = MECHANISM_CLASS  # the class DLIO loads: this package's
     # DLIO 2.0.0 reads these for its training-loop checkpoints; accepted so a
     # workload can still set them, unused by the checkpoint-only workflow.
-    type: str = "rank_zero"
-    checkpoint_after_epoch: int = 1
-    epochs_between_checkpoints: int = 1
-    steps_between_checkpoints: int = -1
+    type: str = "rank_zero"                        # DLIO 2.0.0's checkpoint type
+    checkpoint_after_epoch: int = 1                # DLIO 2.0.0: first epoch with a checkpoint
+    epochs_between_checkpoints: int = 1            # DLIO 2.0.0: epochs between checkpoints
+    steps_between_checkpoints: int = -1            # DLIO 2.0.0: steps between checkpoints (-1: per epoch)
 
 
 @dataclass
@@ -95,7 +95,7 @@ class StreamingConfig:
     # Reads keep read_parallelism requests of read_size in flight per rank (a
     # read pool of their own): a remote store serves each connection at a
     # capped rate after a round trip, so one request at a time leaves it idle.
-    # Defaults chosen by measurement (bench/remote_bench.py, README).
+    # Defaults chosen by measurement (bench/remote_bench.py, docs/object-storage.md).
     read_size: str = "8MiB"     # bytes per read request; a multiple of 1 MiB
     read_parallelism: int = 0   # read requests in flight per rank; 0 = the storage's default below
     # S3 only: a file is closed once the next concurrent_files - 1 files' bytes
@@ -104,14 +104,14 @@ class StreamingConfig:
     concurrent_files: int = 0
     verify: bool = False        # compare every byte read with the regenerated content
     seed: int = 0               # run seed; file seeds are hashed from it
-    dedup_ratio: int = 1
-    compress_ratio: int = 1
+    dedup_ratio: int = 1        # dgen-py: how often each block repeats (1: unique data)
+    compress_ratio: int = 1     # dgen-py: how far the data compresses (1: incompressible)
 
 
 @dataclass
 class StorageConfig:
-    storage_type: str = "local_fs"
-    storage_root: str = "./"
+    storage_type: str = "local_fs"     # local_fs | parallel_fs | direct_fs (O_DIRECT) | s3 (s3dlio)
+    storage_root: str = "./"           # a directory, or s3://bucket, file://dir, direct://dir with s3
     storage_options: dict = field(default_factory=dict)  # checked by the backend
 
 

@@ -18,7 +18,7 @@ from test_dlio_integration import trace_events
 pytestmark = pytest.mark.skipif(MLCOMMONS, reason="the analysers are run on DLIO 2.0.0 and upstream main")
 RANKS, CHECKPOINTS = 2, 3
 STEPS = tuple(range(1, CHECKPOINTS + 1))
-#: the trace's and our windows' time for the same checkpoints (README "Reading a trace")
+#: the trace's and our windows' time for the same checkpoints (docs/tracing.md "Reading a trace")
 TOLERANCE = 0.05
 
 

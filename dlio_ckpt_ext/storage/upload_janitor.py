@@ -1,7 +1,7 @@
 """Abort a rank's open multipart uploads when the rank is killed.
 
 After a Ctrl-C, mpirun (Open MPI 5 / PRRTE) sends every rank SIGTERM and
-about 0.25 s later SIGKILL (measured: README). That is often too short for a
+about 0.25 s later SIGKILL (measured: docs/object-storage.md). That is often too short for a
 rank's own abort: s3dlio's abort first waits for the parts in flight (1.2-2 s
 for two uploads of six 32 MiB parts on the loopback server), and a rank
 blocked in an upload call runs its signal handler only when the call
