@@ -34,6 +34,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(HERE))
 from local_bench import disk_options, dlio_command, settle, shape  # noqa: E402
+from bench_table import BenchTable  # noqa: E402
 from pairs import OrderedRatios, check_pairs  # noqa: E402
 
 VENVS = {"2.0.0": ".venv", "upstream": ".venv-upstream", "mlcommons": ".venv-mlcommons"}
@@ -88,6 +89,11 @@ def main() -> None:
     model = shape(args.gib_per_rank, args.ranks)
     workdir = Path(tempfile.mkdtemp(prefix="dlio-bench-"))
     kept: dict[str, list[dict]] = {d: [] for d in dlios}
+    table = BenchTable("dlio_bench", f"The same workload under each DLIO, paired with {reference}: {args.ranks} ranks, "
+                       f"~{args.gib_per_rank:g} GiB per rank per checkpoint, {args.writes} saves + {args.reads} loads, "
+                       f"local_fs with O_DIRECT, our defaults; order-balanced ratios of {args.pairs} interleaved pairs",
+                       [f"DLIO / {reference}", "save, our windows", "load, our windows",
+                        "DLIO's own summary.json (save; load)", "requests' own I/O rate (save; load)"])
     for other in others:
         ratios = {k: OrderedRatios() for k in ("save", "load", "dlio_save", "dlio_load", "io_save", "io_load")}
         for i in range(args.pairs + 1):
@@ -113,11 +119,18 @@ def main() -> None:
               f"                       load {ratios['dlio_load'].describe()}\n"
               f"  I/O rate per rank (RESULTS): save {ratios['io_save'].describe()}\n"
               f"                               load {ratios['io_load'].describe()}", flush=True)
+        table.add(other, ratios["save"].cell(), ratios["load"].cell(),
+                  f"{ratios['dlio_save'].balanced():.3f}; {ratios['dlio_load'].balanced():.3f}",
+                  f"{ratios['io_save'].balanced():.3f}; {ratios['io_load'].balanced():.3f}")
     print("time outside our checkpoint windows (median s): start-up / loop around the windows / end; windows")
     for dlio, runs in kept.items():
         med = {k: statistics.median(r[k] for r in runs) for k in ("startup_s", "loop_s", "end_s", "windows_s")}
         print(f"  {dlio:10s} {med['startup_s']:6.2f} / {med['loop_s']:6.3f} / {med['end_s']:5.2f}; "
               f"{med['windows_s']:.2f} in {args.writes} saves + {args.reads} loads", flush=True)
+        table.note(f"{dlio}: outside our windows (median s) {med['startup_s']:.2f} of start-up, {med['loop_s']:.3f} "
+                   f"of DLIO's loop around the windows, {med['end_s']:.2f} of end; {med['windows_s']:.2f} s in the "
+                   "windows.")
+    table.finish(args.json)
 
 
 if __name__ == "__main__":

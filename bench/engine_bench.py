@@ -25,6 +25,7 @@ import time
 import dgen_py
 from tqdm import tqdm
 
+from bench_table import BenchTable
 from dlio_ckpt_ext.config import parse_size
 from dlio_ckpt_ext.engine import BufferPool, ContentSpec, load_file, save_file
 from dlio_ckpt_ext.engine.buffers import allocate
@@ -178,7 +179,7 @@ def main() -> None:
     ap.add_argument("--depth", type=int, default=4)
     ap.add_argument("--threads", type=int, default=0, help="generator threads (0: usable CPUs, one rank)")
     ap.add_argument("--rss-size", default="16GiB", help="file size for the peak RSS measurement (0: skip)")
-    ap.add_argument("--json", help="also write the figures here")
+    ap.add_argument("--json", help="also save the table here (bench/results/engine_bench.json for the docs)")
     args = ap.parse_args()
     size, chunk = parse_size("--size", args.size), parse_size("--chunk", args.chunk)
     threads = gen_thread_budget(unbound_share(1), args.threads)
@@ -259,32 +260,32 @@ def main() -> None:
         res["rss"] = peak_rss(args.dir, rss_size, chunk, args.depth, threads)
     pool.close()
 
-    print(f"\n{'measure (engine / reference, median of ' + str(args.reps) + ' interleaved pairs)':64s} value")
-    print(f"{'write O_DIRECT, engine / raw os.write':64s} {res['write_direct_ratio']:.3f}")
-    if fio:
-        print(f"{'write O_DIRECT, engine / fio (wall clock)':64s} {res['write_vs_fio_ratio']:.3f}")
-    if "write_direct_1_thread" in pairs:
-        print(f"{'write O_DIRECT, engine with 1 generator thread / raw os.write':64s} "
-              f"{res['pair_ratios']['write_direct_1_thread']:.3f}")
-    print(f"{'write buffered + fsync, engine / raw os.write':64s} {res['write_buffered_fsync_ratio']:.3f}")
-    print(f"{'read O_DIRECT, engine / raw preadv':64s} {res['read_direct_ratio']:.3f}")
-    print(f"{'read O_DIRECT + verify every byte, engine / raw preadv':64s} {res['read_verified_ratio']:.3f}")
-    print(f"{'generation capacity: fill-only / engine I/O GiB/s':64s} {res['generation_capacity_ratio']:.2f}x "
-          f"({res['generation_gib_s']:.2f} / {res['engine_io_gib_s']:.2f}, {threads} threads)")
-    print(f"{'generation capacity with 1 thread':64s} {res['generation_1_thread_capacity_ratio']:.2f}x")
     res["progress_bar_time_share"] = statistics.median(PROGRESS_SHARE)
-    print(f"{'progress bar: engine with tqdm updated per chunk / without':64s} "
-          f"{res['pair_ratios']['progress_bar']:.3f}")
-    print(f"{'progress bar: time inside its updates / write time':64s} "
-          f"{100 * res['progress_bar_time_share']:.4f} %")
+    table = BenchTable("engine_bench", f"Engine and POSIX backend against raw I/O, one rank, {size / GiB:.0f} GiB "
+                       f"files, pool {args.depth} x {chunk >> 20} MiB", ["measure", "value", "target"])
+    table.add("write O_DIRECT + fsync: engine / raw `os.write` of pre-filled aligned buffers (median of "
+              f"{args.reps} interleaved pairs)", f"{res['write_direct_ratio']:.3f}", ">= 0.95")
+    if "write_direct_1_thread" in pairs:
+        table.add("same, engine with 1 generator thread", f"{res['pair_ratios']['write_direct_1_thread']:.3f}", "")
+    if fio:
+        table.add("write O_DIRECT: engine / fio (wall clock)", f"{res['write_vs_fio_ratio']:.3f}", "")
+    table.add("write buffered + fsync: engine / raw `os.write`", f"{res['write_buffered_fsync_ratio']:.3f}", "")
+    table.add("read O_DIRECT: engine / raw `preadv`", f"{res['read_direct_ratio']:.3f}", ">= 0.95")
+    table.add("read O_DIRECT verifying every byte: engine / raw `preadv`", f"{res['read_verified_ratio']:.3f}", "")
+    table.add(f"generation capacity: fill-only GiB/s / engine I/O GiB/s ({res['generation_gib_s']:.2f} / "
+              f"{res['engine_io_gib_s']:.2f}, {threads} threads)", f"{res['generation_capacity_ratio']:.2f}x", ">= 3x")
+    table.add("same with 1 generator thread", f"{res['generation_1_thread_capacity_ratio']:.2f}x", "")
+    table.add("progress bar: engine with tqdm updated per chunk / without", f"{res['pair_ratios']['progress_bar']:.3f}",
+              "")
+    table.add("progress bar: time inside its updates / write time", f"{100 * res['progress_bar_time_share']:.2f} %",
+              "< 1 %")
     if rss_size:
         r = res["rss"]
-        print(f"{'peak RSS writing ' + str(rss_size >> 30) + ' GiB, pool ' + str(r['pool_bytes'] >> 20) + ' MiB':64s} "
-              f"{r['peak_rss'] / 2**20:.0f} MiB = pool + {r['peak_minus_pool_mib']:.0f} MiB")
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(res, fh, indent=1)
-
+        table.add(f"peak RSS writing a {rss_size >> 30} GiB file (pool {r['pool_bytes'] >> 20} MiB)",
+                  f"{r['peak_rss'] / 2**20:.0f} MiB = pool + {r['peak_minus_pool_mib']:.0f} MiB", "<= pool + 150 MiB")
+    table.note(f"Absolute rates (medians, engine / reference, GiB/s): " + ", ".join(
+        f"{k} {a:.2f} / {b:.2f}" for k, (a, b) in res["medians_gib_s"].items()) + ".")
+    table.finish(args.json, res)
 
 if __name__ == "__main__":
     main()

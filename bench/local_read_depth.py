@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_table import BenchTable  # noqa: E402
 from raw_rank_common import Content  # noqa: E402
 
 from dlio_ckpt_ext.engine.buffers import allocate  # noqa: E402
@@ -85,9 +86,7 @@ def writes(args) -> None:
         for i, case in enumerate(WRITE_CASES if r % 2 == 0 else WRITE_CASES[::-1]):
             content.refill(seed=r * 100 + i)  # unique bytes each time: this disk writes repeats slower
             rates[case].append(write_rate(os.path.join(args.dir, "write_depth.bin"), content.file(0), *case))
-    for (request, in_flight), values in rates.items():
-        print(f"O_DIRECT write, {request >> 20} MiB x {in_flight} in flight: median {statistics.median(values):.2f} "
-              f"GiB/s {[round(v, 2) for v in values]}")
+    report(args, "write", rates, "1 GiB file, unique bytes from threads, fsync at the end")
 
 
 def main() -> None:
@@ -95,6 +94,8 @@ def main() -> None:
     ap.add_argument("dir")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--writes", action="store_true", help="measure writes (1 GiB file) instead of reads")
+    ap.add_argument("--json", help="also save the table here (bench/results/local_read_depth-reads.json or "
+                                   "-writes.json for the docs)")
     args = ap.parse_args()
     if args.writes:
         writes(args)
@@ -105,10 +106,17 @@ def main() -> None:
     for r in range(args.rounds):
         for case in (CASES if r % 2 == 0 else CASES[::-1]):
             rates[case].append(read_rate(path, *case))
-    for (request, in_flight), values in rates.items():
-        print(f"O_DIRECT read, {request >> 20} MiB x {in_flight} in flight: median {statistics.median(values):.2f} "
-              f"GiB/s {[round(v, 2) for v in values]}")
     os.unlink(path)
+    report(args, "read", rates, "2 GiB file, threads issuing `preadv`")
+
+
+def report(args, what: str, rates: dict[tuple[int, int], list[float]], setting: str) -> None:
+    table = BenchTable("local_read_depth", f"Local O_DIRECT {what}s by requests in flight ({setting}; buffers from "
+                       f"`allocate`; median of {args.rounds} interleaved rounds)",
+                       ["request size", "in flight", "GiB/s (median)", "every round"])
+    for (request, in_flight), values in rates.items():
+        table.add(f"{request >> 20} MiB", in_flight, f"{statistics.median(values):.2f}", [round(v, 2) for v in values])
+    table.finish(args.json, {f"{r}x{n}": v for (r, n), v in rates.items()})
 
 
 if __name__ == "__main__":

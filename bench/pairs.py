@@ -31,6 +31,11 @@ class OrderedRatios:
             raise ValueError("an order-balanced ratio needs pairs of both orders")
         return math.sqrt(statistics.median(self.first) * statistics.median(self.second))
 
+    def cell(self) -> str:
+        """For a table: the balanced ratio with both medians."""
+        return (f"{self.balanced():.3f} (first {statistics.median(self.first):.3f}, "
+                f"second {statistics.median(self.second):.3f})")
+
     def describe(self) -> str:
         return (f"{self.balanced():.3f} (ours first {statistics.median(self.first):.3f} "
                 f"{[round(x, 3) for x in self.first]}, second {statistics.median(self.second):.3f} "

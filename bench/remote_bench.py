@@ -43,6 +43,7 @@ from pathlib import Path
 BIN = Path(sys.executable).parent
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+from bench_table import BenchTable  # noqa: E402
 from pairs import OrderedRatios, check_pairs  # noqa: E402
 
 GiB = float(1 << 30)
@@ -157,6 +158,7 @@ def compare(args, env: dict, ranks: int, workdir: Path, label: str) -> dict:
             "raw_sweep": sweep,
             "save_ratio": ratios["save"].balanced(), "load_ratio": ratios["load"].balanced(),
             "save": ratios["save"].describe(), "load": ratios["load"].describe(),
+            "save_cell": ratios["save"].cell(), "load_cell": ratios["load"].cell(),
             "ratios": {phase: {"ours_first": r.first, "ours_second": r.second} for phase, r in ratios.items()},
             "rss_ours": max(rss["ours"]), "rss_raw": max(rss["raw"]), "buffers": rss["buffers"]}
 
@@ -219,7 +221,7 @@ def main() -> None:
     ap.add_argument("--read-size", type=int, default=8 << 20, help="raw GET size (ours: its default)")
     ap.add_argument("--sweep", default="4,8,16,32", help="raw requests in flight to try")
     ap.add_argument("--inventory", type=int, default=0, help="objects for the inventory measure (0: skip)")
-    ap.add_argument("--json", help="also write the figures here")
+    ap.add_argument("--json", help="also save the table here (bench/results/remote_bench.json for the docs)")
     ap.add_argument("--ab", help="instead of raw s3dlio, compare our defaults with these overrides added, e.g. "
                                  "'++workload.streaming.concurrent_files=1'")
     ap.add_argument("--dir", help="scratch directory for the servers' data (default: a temporary one)")
@@ -230,6 +232,12 @@ def main() -> None:
     from dlio_ckpt_ext import local_s3
     from dlio_ckpt_ext.remote_link import LinkSpec
     results = {}
+    table = BenchTable("remote_bench", "Remote object storage: SeaweedFS behind the emulated link, our defaults against "
+                       "raw s3dlio at its best (the best of a sweep of requests in flight, a rank's files uploaded at "
+                       f"once where that paid), order-balanced ratio of {args.pairs} interleaved pairs",
+                       ["link (one way, per connection)", "ranks", "raw best (parts / GETs, files)",
+                        "save ours / raw best", "load ours / raw best", "raw, files overlapped / sequential",
+                        "peak RSS per rank ours (buffers)", "target"])
     workdir = Path(tempfile.mkdtemp(prefix="remote-bench-", dir=args.dir))
     for link_text in args.links.split(","):
         latency, rate = (float(x) for x in link_text.split(":"))
@@ -255,6 +263,11 @@ def main() -> None:
                     continue
                 r = compare(args, env, ranks, workdir, label)
                 results[f"{link_text} x{ranks}"] = r
+                table.add(f"{latency:g} ms, {rate:g} MB/s", ranks,
+                          f"{r['best_write_in_flight']} / {r['best_read_in_flight']}, "
+                          f"{'overlapped' if r['raw_files_overlapped'] else 'sequential'}", r["save_cell"],
+                          r["load_cell"], f"{r['overlapped_files_save_ratio']:.3f}",
+                          f"{r['rss_ours'] / 2**20:.0f} MiB ({r['buffers'] / 2**20:.0f})", ">= 0.9")
                 files = "overlapped" if r["raw_files_overlapped"] else "one after the other"
                 print(f"  ours / raw s3dlio (best: {r['best_write_in_flight']} parts, {r['best_read_in_flight']} GETs "
                       f"in flight, files {files}): save {r['save']}, load {r['load']}; peak RSS per rank: ours "
@@ -264,8 +277,8 @@ def main() -> None:
                 server.stop()
                 shutil.rmtree(data, ignore_errors=True)
     shutil.rmtree(workdir, ignore_errors=True)
-    if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=1))
+    if not args.ab and results:
+        table.finish(args.json, results)
 
 
 if __name__ == "__main__":

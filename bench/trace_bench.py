@@ -29,6 +29,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench_table import BenchTable
+
 BIN = Path(sys.executable).parent
 
 
@@ -104,6 +106,7 @@ def main() -> None:
     ap.add_argument("--dir", help="scratch directory on the disk to measure (default: a temporary one)")
     ap.add_argument("--per-event", action="store_true", help="time one event's logging instead")
     ap.add_argument("--events", type=int, default=20000)
+    ap.add_argument("--json", help="also save the table here (bench/results/trace_bench-ENV.json for the docs)")
     args = ap.parse_args()
     if args.per_event:
         print(f"per-event cost, {args.events} events each, environment {BIN.parent}")
@@ -121,14 +124,22 @@ def main() -> None:
             save_s = sum(rec["elapsed_s"] for rec in rank["phases"]["save"])
             in_window.append(rank["trace"]["in_window_s"] / save_s)
             events.append(rank["trace"]["events"])
-    print(f"trace bench: {args.ranks} ranks, {args.writes} checkpoints per run, {args.pairs} interleaved pairs, "
-          f"environment {BIN.parent}")
-    print(f"our spans inside the timed windows: median {100 * statistics.median(in_window):.4f} % of save time "
-          f"(max {100 * max(in_window):.4f} %)")
-    print(f"events logged per rank: median {int(statistics.median(events))}")
-    print(f"save throughput, traced / untraced (dftracer's interception included): median "
-          f"{statistics.median(ratios):.3f} over {len(ratios)} pairs {[round(r, 3) for r in ratios]}")
+    dlio = dlio_label()
+    table = BenchTable("trace_bench", f"Tracing cost on {dlio}: {args.ranks} ranks, {args.writes} checkpoints per "
+                       f"run, hidden {args.hidden}, traced (DFTRACER_ENABLE=1 DFTRACER_INC_METADATA=1) against "
+                       "untraced", ["measure", "value", "target"])
+    table.add(f"time logging our spans ({int(statistics.median(events))} events per rank), share of save time "
+              "(median; max)", f"{100 * statistics.median(in_window):.2f} % ({100 * max(in_window):.2f} %)", "< 1 %")
+    table.add(f"save throughput traced / untraced, dftracer's POSIX interception included (median of "
+              f"{len(ratios)} interleaved pairs)", f"{statistics.median(ratios):.3f}", "")
+    table.note(f"Pairs: {[round(r, 3) for r in ratios]}.")
+    table.finish(args.json, {"in_window_share": in_window, "events": events, "ratios": ratios, "dlio": dlio})
 
+
+def dlio_label() -> str:
+    """Which DLIO the environment running the bench holds."""
+    from dlio_ckpt_ext.dlio.provenance import dlio_flavor
+    return f"DLIO {dlio_flavor().split(' (')[0]}"
 
 if __name__ == "__main__":
     main()

@@ -10,13 +10,14 @@ can be made without DLIO, s3dlio or dgen-py installed.
 """
 from __future__ import annotations
 
-import argparse
 import ast
 import io
 import sys
 import tokenize
 from dataclasses import dataclass
 from pathlib import Path
+
+from generated_page import page_main
 
 REPO = Path(__file__).resolve().parent.parent
 PAGE = REPO / "docs" / "configuration.md"
@@ -110,19 +111,7 @@ def render() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--check", action="store_true", help="exit 1 if docs/configuration.md is stale")
-    args = ap.parse_args(argv)
-    page = render()
-    if args.check:
-        if not PAGE.exists() or PAGE.read_text() != page:
-            print(f"{PAGE} is stale: run python run_scripts/config_reference.py", file=sys.stderr)
-            return 1
-        return 0
-    PAGE.write_text(page)
-    print(f"wrote {PAGE}")
-    return 0
-
+    return page_main(__doc__, PAGE, render, argv)
 
 if __name__ == "__main__":
     sys.exit(main())

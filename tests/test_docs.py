@@ -1,4 +1,5 @@
 """The generated pages of docs/ against what they are generated from."""
+import json
 import re
 import subprocess
 import sys
@@ -46,3 +47,17 @@ def test_every_link_between_the_pages_leads_somewhere():
             if "://" not in target and not (page.parent / target).exists():
                 broken.append(f"{page.relative_to(REPO)} -> {target}")
     assert broken == []
+
+
+def test_benchmark_page_is_rendered_from_the_benches_result_files():
+    check = subprocess.run([sys.executable, str(REPO / "run_scripts" / "bench_docs.py"), "--check"],
+                           capture_output=True, text=True)
+    assert check.returncode == 0, check.stderr
+    results = sorted((REPO / "bench" / "results").glob("*.json"))
+    assert results, "no bench result recorded"
+    page = (REPO / "docs" / "benchmarks.md").read_text()
+    for path in results:
+        data = json.loads(path.read_text())
+        assert data["date"] and data["machine"] and data["command"].startswith("python bench/")
+        assert f"`{data['command']}`, {data['date']}, {data['machine']}." in page
+        assert all(f"| {' | '.join(row)} |" in page.replace("\\|", "|") for row in data["rows"])

@@ -1,0 +1,67 @@
+"""docs/benchmarks.md from bench/results/*.json (each written by a bench's
+--json): the method (bench/docs_intro.md), then one table per result file,
+with the date, machine and command of the run that produced it.
+
+    python run_scripts/bench_docs.py           # rewrite the page
+    python run_scripts/bench_docs.py --check   # exit 1 if the page is stale
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from generated_page import page_main
+
+BENCH = Path(__file__).resolve().parent.parent / "bench"
+RESULTS = BENCH / "results"
+INTRO = BENCH / "docs_intro.md"
+PAGE = BENCH.parent / "docs" / "benchmarks.md"
+#: the page's order; a bench without a result file is listed as not recorded yet
+BENCHES = {
+    "dlio_bench": "the same workload under each DLIO",
+    "engine_bench": "engine and POSIX backend against raw I/O",
+    "local_bench": "local disk, several ranks, against raw O_DIRECT ranks",
+    "buffer_pages": "buffer memory: huge pages against shared maps",
+    "local_read_depth": "local O_DIRECT requests in flight",
+    "s3_bench": "object storage against raw s3dlio",
+    "remote_bench": "remote object storage through the emulated link",
+    "trace_bench": "tracing cost",
+}
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def table(result: dict) -> str:
+    head = "| " + " | ".join(result["columns"]) + " |\n|" + "---|" * len(result["columns"]) + "\n"
+    rows = "".join("| " + " | ".join(_cell(c) for c in row) + " |\n" for row in result["rows"])
+    notes = "".join(f"\n{n}\n" for n in result["notes"])
+    return (f"### {result['title']}\n\n`{result['command']}`, {result['date']}, {result['machine']}.\n\n"
+            f"{head}{rows}{notes}")
+
+
+def render() -> str:
+    results: dict[str, list[dict]] = {}
+    for path in sorted(RESULTS.glob("*.json")):
+        data = json.loads(path.read_text())
+        if data.get("bench") not in BENCHES:
+            raise SystemExit(f"{path}: bench {data.get('bench')!r} is not one of {', '.join(BENCHES)}")
+        results.setdefault(data["bench"], []).append(data)
+    parts = [INTRO.read_text().rstrip() + "\n"]
+    for bench, what in BENCHES.items():
+        parts.append(f"\n## `bench/{bench}.py`: {what}\n\n")
+        if bench not in results:
+            parts.append(f"Not recorded in this form yet: run it with `--json bench/results/{bench}.json` "
+                         "(its options: `--help`).\n")
+        for result in results.get(bench, []):
+            parts.append(table(result))
+    return "".join(parts)
+
+
+def main(argv: list[str] | None = None) -> int:
+    return page_main(__doc__, PAGE, render, argv)
+
+if __name__ == "__main__":
+    sys.exit(main())
