@@ -15,14 +15,15 @@ from typing import Optional, Protocol
 
 from omegaconf import DictConfig, OmegaConf
 
-from dlio_ckpt_ext.checkpointer import Checkpointer
-from dlio_ckpt_ext.config import RunConfig
 from dlio_ckpt_ext.dlio import metrics, provenance, trace
-from dlio_ckpt_ext.dlio.mpi import Topology
 from dlio_ckpt_ext.engine.buffers import huge_page_bytes, thp_setting
 from dlio_ckpt_ext.engine.threads import usable_cpus
 from dlio_ckpt_ext.redact import redact_args, redact_tree
 from dlio_ckpt_ext.result_files import CONFIG_FILE, MANIFEST_FILE, RANK_STATS_DIR, RECORD_FILE, RUNNING_FILE
+
+from dlio_ckpt_ext.checkpointer import Checkpointer
+from dlio_ckpt_ext.config import RunConfig
+from dlio_ckpt_ext.dlio.mpi import Topology
 
 
 class CheckpointSession(Protocol):
@@ -49,6 +50,7 @@ class CheckpointSession(Protocol):
     def checkpoint_bytes(self) -> int: ...
 
     def warnings(self) -> list[str]: ...
+
 
 
 def _utc(t: float) -> str:
