@@ -4,7 +4,7 @@ setup(
     name="dlio-ckpt-ext",
     version="0.1.0",
     description="Streaming LLM checkpoint workload for the DLIO I/O benchmark",
-    python_requires=">=3.10",
+    python_requires=">=3.11",  # s3dlio 0.10 and dgen-py 0.3 require 3.11
     packages=find_packages(include=["dlio_ckpt_ext", "dlio_ckpt_ext.*"])
     + ["dlio_ckpt_ext.configs", "hydra_plugins.dlio_ckpt_ext_searchpath"],
     # configs/dlio/ stays the single source of the presets; it is installed
@@ -13,8 +13,8 @@ setup(
     package_data={"dlio_ckpt_ext.configs": ["workload/*.yaml"]},
     entry_points={"console_scripts": [
         "dlio-ckpt-report=dlio_ckpt_ext.report.cli:main",
-        "dlio-ckpt-submit=dlio_ckpt_ext.submit:main",
+        "dlio-ckpt-submit=dlio_ckpt_ext.submission.submit:main",
     ]},
-    install_requires=["hydra-core>=1.3", "omegaconf>=2.3", "numpy", "dgen-py>=0.3", "s3dlio>=0.10", "mpi4py", "boto3",
+    install_requires=["hydra-core>=1.3", "omegaconf>=2.3", "numpy>=2", "dgen-py>=0.3", "s3dlio>=0.10", "mpi4py", "boto3",
                       "tqdm", "matplotlib"],
 )

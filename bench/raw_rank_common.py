@@ -11,6 +11,7 @@ from typing import Callable
 import dgen_py
 
 from dlio_ckpt_ext.engine.buffers import allocate
+from dlio_ckpt_ext.engine.profile import process_usage, usage_since
 
 PAGE = mmap.PAGESIZE
 CHUNK = 32 << 20
@@ -55,17 +56,19 @@ def parser(target: str, target_help: str) -> argparse.ArgumentParser:
     return ap
 
 
-def timed(comm, count: int, checkpoint: Callable[[int], None],
+def timed(comm, count: int, checkpoint: Callable[[int], None], usage: list[dict],
           prepare: Callable[[int], None] = lambda step: None) -> list[tuple[float, float]]:
     """Per checkpoint 1..count: prepare(step) untimed, a barrier, then the
-    checkpoint timed on this rank: (start, end) each, as the benchmark times."""
+    checkpoint timed on this rank: (start, end) each, as the benchmark times,
+    and the process's CPU and minor faults in that window appended to usage."""
     spans = []
     for step in range(1, count + 1):
         prepare(step)
         comm.barrier()
-        t0 = time.time()
+        t0, before = time.time(), process_usage()
         checkpoint(step)
         spans.append((t0, time.time()))
+        usage.append(usage_since(before))
     return spans
 
 
@@ -88,8 +91,9 @@ def run(comm, args, content: Content, save: Callable[[int], None],
         load: Callable[[int, ThreadPoolExecutor], None], delete: Callable[[int, int], None]) -> None:
     """The whole raw rank: --writes saves (content regenerated before each,
     untimed), --reads loads with a pool of --read-in-flight threads, then finish."""
-    out = {"rank": comm.rank,
-           "save": timed(comm, args.writes, save, lambda step: content.refill(seed=step * 1000 + comm.rank))}
+    out = {"rank": comm.rank, "usage": {"save": [], "load": []}}
+    out["save"] = timed(comm, args.writes, save, out["usage"]["save"],
+                        lambda step: content.refill(seed=step * 1000 + comm.rank))
     with ThreadPoolExecutor(args.read_in_flight) as pool:
-        out["load"] = timed(comm, args.reads, lambda step: load(step, pool))
+        out["load"] = timed(comm, args.reads, lambda step: load(step, pool), out["usage"]["load"])
     finish(comm, out, args.writes, len(content.offsets), delete)

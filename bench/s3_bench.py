@@ -53,7 +53,7 @@ def main() -> None:
     ap.add_argument("--json", help="also save the table here (bench/results/s3_bench.json for the docs)")
     args = ap.parse_args()
 
-    from dlio_ckpt_ext import local_s3
+    from dlio_ckpt_ext.tools import local_s3
     from dlio_ckpt_ext.config import parse_size
     server = None
     if not args.endpoint:

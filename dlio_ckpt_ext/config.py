@@ -31,6 +31,10 @@ DEFAULT_READ_PARALLELISM = {"s3": 32, "local_fs": 16, "parallel_fs": 16, "direct
 #: --ab, docs/object-storage.md): a file's last parts leave the link idle unless the next file starts.
 #: >1 needs a storage that lends its write memory (S3 parts), so overlapping files
 #: share no buffer pool
+#: bytes per buffer when streaming.chunk_size is auto: on S3 the part size (its
+#: default 16 MiB: s3dlio allocates each chunk anew, and glibc maps 32 MiB or more
+#: fresh each time, a page fault per 4 KiB; bench/cpu_bench.py), elsewhere 32 MiB
+DEFAULT_CHUNK_SIZE = {"s3": 16 * MiB, "local_fs": 32 * MiB, "parallel_fs": 32 * MiB, "direct_fs": 32 * MiB}
 DEFAULT_CONCURRENT_FILES = {"s3": 2, "local_fs": 1, "parallel_fs": 1, "direct_fs": 1}
 
 
@@ -45,7 +49,7 @@ class TransformerConfig:
 
 @dataclass
 class ParallelismConfig:
-    tensor: int = 1                    # tensor-parallel degree
+    tensor: int = 1                    # tensor-parallel degree; divides both head counts
     pipeline: int = 1                  # pipeline-parallel degree (layers split across stages)
     data: Optional[int] = None  # data-parallel degree of the full job; subset mode only
     zero_stage: int = 0                # ZeRO: 0 only the first replica saves; 1-2 optimizer sharded; 3 all
@@ -89,7 +93,7 @@ class CheckpointConfig:
 
 @dataclass
 class StreamingConfig:
-    chunk_size: str = "32MiB"   # bytes per buffer; a multiple of 1 MiB (int or e.g. "32MiB")
+    chunk_size: str = "auto"    # bytes per buffer, a multiple of 1 MiB; auto: S3's part size, else 32MiB
     pool_depth: int = 4         # buffers per rank
     gen_threads: int = 0        # dgen-py threads per rank; 0 = usable CPUs / ranks on this node
     # Reads keep read_parallelism requests of read_size in flight per rank (a
@@ -106,6 +110,13 @@ class StreamingConfig:
     seed: int = 0               # run seed; file seeds are hashed from it
     dedup_ratio: int = 1        # dgen-py: how often each block repeats (1: unique data)
     compress_ratio: int = 1     # dgen-py: how far the data compresses (1: incompressible)
+    # every chunk's timings in rank_stats/chunks_NNNNN.json.gz (~220 bytes a
+    # chunk before compression: ~5 MB a rank for the 1T preset); off, each
+    # file keeps its chunks' count and I/O-rate percentiles
+    record_chunks: bool = False
+    # seconds without a completed request before a rank says its checkpoint is
+    # stalled (and again every as many seconds while it lasts); 0 = never
+    stall_warning_s: float = 30
 
 
 @dataclass
@@ -168,6 +179,15 @@ class RunConfig:
 
 _SIZE = re.compile(r"^\s*(\d+)\s*([KMGT]i?B?)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def _chunk_size(value, sto: StorageConfig) -> int:
+    if value != "auto":
+        return parse_size("workload.streaming.chunk_size", value)
+    part = (sto.storage_options or {}).get("part_size") if sto.storage_type == "s3" else None
+    if part is not None:
+        return parse_size("workload.storage.storage_options.part_size", part)
+    return DEFAULT_CHUNK_SIZE.get(sto.storage_type, 32 * MiB)
 
 
 def parse_size(key: str, value: Any) -> int:
@@ -242,10 +262,13 @@ def load_config(workload: DictConfig | dict, comm_size: int) -> RunConfig:
     if sto.storage_type not in STORAGE_TYPES:
         raise ConfigError("workload.storage.storage_type", sto.storage_type, ", ".join(STORAGE_TYPES))
 
-    chunk = parse_size("workload.streaming.chunk_size", st.chunk_size)
+    chunk = _chunk_size(st.chunk_size, sto)
     if chunk <= 0 or chunk % MiB:
         raise ConfigError("workload.streaming.chunk_size", st.chunk_size,
                           "a positive multiple of 1 MiB (1048576)")
+    if isinstance(st.stall_warning_s, bool) or not isinstance(st.stall_warning_s, (int, float)) \
+            or st.stall_warning_s < 0:
+        raise ConfigError("workload.streaming.stall_warning_s", st.stall_warning_s, "seconds >= 0 (0: never)")
     for key in ("pool_depth", "dedup_ratio", "compress_ratio"):
         _positive(f"workload.streaming.{key}", getattr(st, key))
     if isinstance(st.read_parallelism, bool) or st.read_parallelism < 0:

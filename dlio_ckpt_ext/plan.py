@@ -106,6 +106,12 @@ def validate(m: ModelShape, p: Parallelism, comm_size: int) -> None:
     if m.num_kv_heads > m.num_attention_heads:
         raise ConfigError("model.transformer.num_kv_heads", m.num_kv_heads,
                           f"at most num_attention_heads {m.num_attention_heads}")
+    # tensor parallelism splits the attention heads: an uneven split is no layout
+    # any framework writes (and would size the shards wrongly)
+    if m.num_attention_heads % p.tensor or m.num_kv_heads % p.tensor:
+        raise ConfigError("model.parallelism.tensor", p.tensor,
+                          f"a divisor of both num_attention_heads {m.num_attention_heads} and num_kv_heads "
+                          f"{m.num_kv_heads} (tensor parallelism splits the heads)")
     if p.zero_stage not in ZERO_STAGES:
         raise ConfigError("model.parallelism.zero_stage", p.zero_stage, "0, 1, 2 or 3")
     if p.mode not in MODES:

@@ -10,6 +10,8 @@ MANIFEST_FILE = "manifest.json"
 CONFIG_FILE = "effective_config.yaml"
 #: one rank_NNNNN.json per rank
 RANK_STATS_DIR = "rank_stats"
+#: streaming.record_chunks: every chunk's timings of a rank, beside its rank file
+CHUNKS_FILE = "chunks_{rank:05d}.json.gz"
 #: written by rank 0 before the first checkpoint and removed after RECORD_FILE:
 #: a run that leaves it behind did not finish (mpirun may still exit 0, e.g.
 #: after losing a host), and it holds what `dlio-ckpt-report status` needs to
@@ -17,3 +19,6 @@ RANK_STATS_DIR = "rank_stats"
 RUNNING_FILE = "ckpt_ext_running.json"
 #: written by the hydra callback into a sweep job that failed, with the reason
 FAILED_FILE = "job_failed.txt"
+#: a live run's claim on its output folder and its checkpoint folder (dlio/ownership.py):
+#: who runs there, and its heartbeat; storage listings leave it out
+OWNER_FILE = "ckpt_ext_owner.json"

@@ -106,6 +106,15 @@ class Cluster:
             _ip("netns", "del", self.namespace(host), check=False)
         _ip("link", "del", self.bridge, check=False)
 
+    def slow_link(self, host: str, mbit: int) -> None:
+        """The host's link limited to `mbit` Mbit/s both ways (tc's token bucket
+        on each end of its veth): a slow node among fast ones."""
+        shape = ["root", "tbf", "rate", f"{mbit}mbit", "burst", "64kb", "latency", "2s"]
+        subprocess.run(["ip", "netns", "exec", self.namespace(host), "tc", "qdisc", "add", "dev", "eth0", *shape],
+                       check=True, capture_output=True)
+        subprocess.run(["tc", "qdisc", "add", "dev", self.veth(self.names.index(host) + 1), *shape], check=True,
+                       capture_output=True)
+
     def env(self) -> dict[str, str]:
         """What the ssh stand-in needs (mpirun passes its environment on to it)."""
         return {"CK_CLUSTER_NS_PREFIX": f"ck{self.tag}-"}

@@ -5,7 +5,7 @@ from pathlib import Path
 import boto3
 from botocore.config import Config
 
-from dlio_ckpt_ext.local_s3 import SECRET_KEY, LocalS3, free_port, start  # noqa: F401
+from dlio_ckpt_ext.tools.local_s3 import SECRET_KEY, LocalS3, free_port, start  # noqa: F401
 
 
 def client(server: LocalS3):
@@ -21,4 +21,4 @@ class S3Server(LocalS3):
 
 def start_s3_server(data_dir: Path, address: str = "127.0.0.1") -> S3Server:
     server = start(data_dir, address=address)
-    return S3Server(server.endpoint, server.proc, server.data_dir)
+    return S3Server(server.endpoint, server.proc, server.data_dir, metrics_url=server.metrics_url)

@@ -101,3 +101,23 @@ def test_the_walker_sees_a_circle_and_imports_anywhere_in_a_module():
     modules = set(import_graph())
     assert imports_in(source, "dlio_ckpt_ext.engine.threads", modules) == {"dlio_ckpt_ext.storage",
                                                                           "dlio_ckpt_ext.dlio.session"}
+
+
+#: each folder of the package and the layer(s) its modules belong to
+FOLDER_LAYERS = {"": {"base", "config"}, "engine": {"engine"}, "storage": {"storage"}, "checkpoint": {"checkpoint"},
+                 "dlio": {"dlio"}, "report": {"tools"}, "submission": {"tools"}, "tools": {"tools"}}
+
+
+def folder_of(module: str) -> str:
+    parts = module.split(".")[1:]
+    path = PACKAGE.joinpath(*parts)
+    return "" if len(parts) == 0 or (len(parts) == 1 and not path.is_dir()) else parts[0]
+
+
+def test_each_folder_holds_one_layer():
+    """A newcomer opening the package sees the layers as folders."""
+    _, mapped = design_map()
+    misplaced = sorted(f"{m} ({layer}) in {folder_of(m) or 'the top level'}" for m, layer in mapped.items()
+                       if layer not in FOLDER_LAYERS.get(folder_of(m), set()))
+    assert misplaced == []
+    assert set(FOLDER_LAYERS) - {""} == {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file()}

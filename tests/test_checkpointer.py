@@ -4,7 +4,7 @@ import os
 import pytest
 from omegaconf import OmegaConf
 
-from dlio_ckpt_ext.checkpointer import Checkpointer, inventory_error
+from dlio_ckpt_ext.checkpoint.checkpointer import Checkpointer, inventory_error
 from dlio_ckpt_ext.config import load_config
 from dlio_ckpt_ext.errors import ConfigError
 from memory_maps import resident_bytes
@@ -122,3 +122,25 @@ def test_async_staging_then_persist_writes_the_same_bytes_as_a_synchronous_save(
     for name in ("__0_0.distcp", ".metadata"):
         assert (tmp_path / "sync/step-1" / name).read_bytes() == (tmp_path / "async/step-1" / name).read_bytes()
     assert [f.nbytes for f in staged.load(1)] == [f.size for f in staged.load_files(0)]  # verify is on
+
+
+def test_with_a_barrier_only_rank_0_makes_the_directory_and_each_rank_deletes_only_its_own(tmp_path):
+    cks = checkpointers(tmp_path, ranks=2)
+    made = []
+    for ck in cks:
+        real = ck.backend.prepare
+        ck.backend.prepare = lambda d, rank=ck.rank, real=real: (made.append((rank, d)), real(d))
+        ck.prepare()
+    made.clear()
+    barriers = []
+    # rank 0 first, as the barrier orders them: rank 1 finds the directory made
+    for ck in cks:
+        ck.save(1, barrier=lambda: barriers.append(1))
+    assert made == [(0, "global_epoch1_step1")]  # one mkdir, not one a rank
+    assert len(barriers) == 2
+    ours = {r: sorted(p.name for p in tmp_path.rglob(f"zero_pp_rank_{r}_*")) for r in (0, 1)}
+    assert cks[1].remove_written([1]) == 2
+    assert sorted(p.name for p in tmp_path.rglob("*.pt")) == ours[0]  # rank 0's files untouched
+    assert cks[0].remove_written([1]) == 2
+    cks[0].remove_empty_dirs([1])
+    assert list(tmp_path.iterdir()) == []

@@ -1,7 +1,7 @@
 import pytest
 from omegaconf import OmegaConf
 
-from dlio_ckpt_ext.config import load_config, parse_size
+from dlio_ckpt_ext.config import DEFAULT_CHUNK_SIZE, load_config, parse_size
 from dlio_ckpt_ext.errors import ConfigError
 
 
@@ -59,15 +59,30 @@ def test_bad_input_names_key_value_and_allowed(workload, key, allowed):
 
 @pytest.mark.parametrize("streaming, files_at_once", [({}, 2), ({"concurrent_files": 1}, 1)])
 def test_s3_uploads_two_files_at_once_by_default_and_the_memory_check_counts_both(streaming, files_at_once):
-    from dlio_ckpt_ext.memory import rank_buffers
+    from dlio_ckpt_ext.checkpoint.memory import rank_buffers
     cfg = load_config(OmegaConf.create({"streaming": streaming,
                                         "storage": {"storage_type": "s3", "storage_root": "s3://b/p"}}), 4)
     assert cfg.concurrent_files == files_at_once
     parts = {key: n for key, _, n in rank_buffers(cfg, 4)}
-    # s3dlio holds max_in_flight (16) + 2 parts of 32 MiB per open upload
-    assert parts["workload.storage.storage_options.max_in_flight"] == files_at_once * 18 * (32 << 20)
+    # s3dlio holds max_in_flight (16) + 2 parts of 16 MiB per open upload
+    assert parts["workload.storage.storage_options.max_in_flight"] == files_at_once * 18 * (16 << 20)
     local = load_config(OmegaConf.create({}), 4)
     assert local.concurrent_files == 1
+
+
+@pytest.mark.parametrize("storage, chunk", [
+    ({}, 32 << 20),
+    ({"storage_type": "s3", "storage_root": "s3://b/p"}, 16 << 20),
+    ({"storage_type": "s3", "storage_root": "s3://b/p", "storage_options": {"part_size": "24MiB"}}, 24 << 20),
+    ({"storage_type": "direct_fs", "storage_root": "/tmp"}, 32 << 20),
+])
+def test_chunk_size_auto_is_the_part_size_on_s3_and_32_mib_elsewhere(storage, chunk):
+    """Under 32 MiB on S3: glibc maps an allocation that size fresh each time (a
+    page fault per 4 KiB) and s3dlio allocates each chunk it lends."""
+    from dlio_ckpt_ext.storage.objstore import FRESH_PAGES_FROM, ObjectOptions, PAYLOAD_SIGNING
+    assert load_config(OmegaConf.create({"storage": storage}), 1).chunk_size == chunk
+    assert parse_size("p", ObjectOptions().part_size) == DEFAULT_CHUNK_SIZE["s3"] < FRESH_PAGES_FROM
+    assert ObjectOptions().payload_signing == PAYLOAD_SIGNING[0] == "unsigned"
 
 
 # MLCommons' DLIO fork's storage keys: honoured with the same meaning, or refused by name
@@ -108,3 +123,13 @@ def test_direct_fs_is_o_direct_posix_and_the_forks_root_forms_are_understood(tmp
     s3 = open_backend("s3", "bucket/prefix", {"uri_scheme": "s3", "storage_library": "s3dlio"})
     assert s3.root == "s3://bucket/prefix"
     assert open_backend("s3", str(tmp_path), {"uri_scheme": "file"}).root == f"file://{tmp_path}"
+
+
+def test_a_payload_signing_nobody_knows_is_refused_naming_the_key():
+    from dlio_ckpt_ext.config import structured
+    from dlio_ckpt_ext.errors import ConfigError
+    from dlio_ckpt_ext.storage.objstore import ObjectOptions
+    with pytest.raises(ConfigError) as e:
+        structured(ObjectOptions, {"payload_signing": "md5"}, "workload.storage.storage_options.")
+    assert str(e.value) == ("invalid config: workload.storage.storage_options.payload_signing='md5'; allowed: "
+                            "unsigned or sha256")

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from dlio_ckpt_ext.result_files import RECORD_FILE
-from dlio_run import UPSTREAM, dlio_command, run_dlio
+from dlio_run import NEEDS_UPSTREAM, dlio_command, run_dlio
 from test_dlio_run import zero3_file_sizes
 
 SMALL_8B = dict(L=2, h=256, f=512, V=1024, heads=4, kv=2)
@@ -28,7 +28,7 @@ def expected_files(steps, ranks, shape) -> dict[str, int]:
             for s in steps for r in range(ranks) for kind, size in (("model", model), ("optim", optim))}
 
 
-@pytest.mark.skipif(not UPSTREAM, reason="DLIO 2.0.0 has no checkpoint-only workflow to drive a bare mechanism")
+@NEEDS_UPSTREAM  # DLIO 2.0.0 has no checkpoint-only workflow to drive a bare mechanism
 def test_upstream_own_llama_config_drives_our_mechanism_without_our_presets(workdir):
     run = run_dlio(workdir, 2, "llama_8b_zero3", *SHRINK, *TWO_ONE,
                    "++workload.checkpoint.checkpoint_mechanism_classname="

@@ -30,7 +30,7 @@ def zero3_file_sizes(L, h, f, V, heads, kv, ranks):
 def test_tiny_preset_two_ranks_files_metrics_and_summary(workdir):
     run = run_dlio(workdir, 2, "llama3_tiny_checkpoint", "++workload.checkpoint.num_checkpoints_write=3",
                    "++workload.checkpoint.num_checkpoints_read=2", "++workload.streaming.verify=True",
-                   "++workload.streaming.chunk_size=4MiB")
+                   "++workload.streaming.chunk_size=4MiB", "++workload.streaming.record_chunks=True")
     assert run.returncode == 0, run.stderr[-3000:]
 
     model, optim = zero3_file_sizes(**TINY, ranks=2)
@@ -74,6 +74,7 @@ def test_tiny_preset_two_ranks_files_metrics_and_summary(workdir):
             assert sum(len(r["files"]) for r in recs) == 4
             for rec in recs:
                 assert sum(c[1] for f in rec["files"] for c in f["chunks"]) == rec["bytes"]
+                assert all(f["chunk_count"] == len(f["chunks"]) for f in rec["files"])
             duration = max(r["end"] for r in recs) - min(r["start"] for r in recs)
             durations.append(duration)
             rates.append(sum(r["bytes"] for r in recs) / 2**30 / duration)
@@ -116,7 +117,8 @@ def test_llama3_8b_scaled_down_four_ranks(workdir):
 
 @pytest.mark.parametrize("override, message", [
     ("++workload.checkpoint.bogus=1", "workload.checkpoint.bogus=1; allowed: one of the keys"),
-    ("++workload.model.parallelism.tensor=3", "MPI world size=2; allowed: a multiple of tensor*pipeline = 3"),
+    ("++workload.model.parallelism.tensor=3", "workload.model.parallelism.tensor=3; allowed: a divisor of both "
+                                              "num_attention_heads 8 and num_kv_heads 2"),
     ("++workload.checkpoint.num_checkpoints_read=20", "workload.checkpoint.num_checkpoints_read=20"),
     ("++workload.storage.storage_type=hdfs", "workload.storage.storage_type='hdfs'; allowed: local_fs"),
     ("++workload.checkpoint.checkpoint_mechanism_classname=dlio_ckpt_ext.config.RunConfig",

@@ -61,3 +61,19 @@ def test_benchmark_page_is_rendered_from_the_benches_result_files():
         assert data["date"] and data["machine"] and data["command"].startswith("python bench/")
         assert f"`{data['command']}`, {data['date']}, {data['machine']}." in page
         assert all(f"| {' | '.join(row)} |" in page.replace("\\|", "|") for row in data["rows"])
+
+
+def test_the_readmes_preset_bytes_are_the_plans():
+    """Each preset row's bytes per checkpoint at the ranks it names, against the
+    preset composed by hydra as dlio_benchmark composes it, planned at those ranks."""
+    from dlio_ckpt_ext import plan
+    from dlio_ckpt_ext.submission.submit import Submission, effective_config, presets
+    rows = re.findall(r"^\| `(\w+_checkpoint)` \|.*\| ([\d,]+) \(at (\d+) ranks?(?:; ([\d,]+) at (\d+))?\) \|$",
+                      (REPO / "README.md").read_text(), re.M)
+    assert sorted(r[0] for r in rows) == presets()
+    for workload, total, ranks, other_total, other_ranks in rows:
+        for text, n in ((total, ranks), (other_total, other_ranks)):
+            if text:
+                cfg = effective_config(Submission(workload, ["host"], int(n)))
+                assert int(text.replace(",", "")) == plan.checkpoint_bytes(cfg.shape, cfg.parallelism, int(n)), \
+                    (workload, n)

@@ -131,7 +131,7 @@ class MemoryBackend(Backend):
     def open_writer(self, path, size):
         return self.writer
 
-    def open_reader(self, path):
+    def open_reader(self, path, size=None):
         raise NotImplementedError
 
     def list_sizes(self, directory):

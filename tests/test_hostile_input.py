@@ -44,7 +44,8 @@ def test_buffered_writes_without_fsync_and_a_shift_that_shifts_nothing_are_said(
     assert "  page cache                   none: buffered writes without fsync" in run.stdout  # in RESULTS (save)
     assert "[WARNING] checkpoint.recovery_rank_shift=True shifts nothing here: all 2 ranks are on one node" \
         in run.stdout
-    assert len(run.record()["warnings"]) == 2
+    # page-cache writes may well keep the client's CPU busy: that warning is the CPU's to give
+    assert len([w for w in run.record()["warnings"] if "the client's own CPU" not in w]) == 2
 
 
 def test_a_sweep_goes_on_past_a_refused_job_and_the_table_lists_it(workdir):
@@ -114,3 +115,68 @@ def test_an_output_folder_that_is_a_file_is_refused_naming_the_key(workdir):
     assert f"[ERROR] invalid config: workload.output.folder='{workdir / 'afile'}'; allowed: a directory, or a " \
            "path where one can be created (this is an existing file)" in run.stderr
     assert (workdir / "afile").read_text() == "not a directory\n"
+
+
+def test_two_runs_into_the_same_folders_a_second_apart_exactly_one_proceeds(workdir):
+    from dlio_run import dlio_command
+    cmd = dlio_command(workdir, 2, "llama3_tiny_checkpoint", *TWO_ONE, "++workload.checkpoint.time_between_checkpoints=5")
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    first = subprocess.Popen(cmd, cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    import time
+    time.sleep(1)
+    second = subprocess.Popen(cmd, cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    outs = [p.communicate(timeout=300) for p in (first, second)]
+    codes = sorted(p.returncode for p in (first, second))
+    assert codes == [0, 2], [o[1][-2000:] for o in outs]
+    refused = next(err for p, (_, err) in zip((first, second), outs) if p.returncode == 2)
+    import re
+    assert re.search(r"^\[ERROR\] invalid config: workload\.(output\.folder|checkpoint\.checkpoint_folder)='[^']+'; "
+                     r"allowed: a folder no live run uses \(the run started \S+ by pid \d+ on host \S+ \(heartbeat "
+                     r"\d+ s ago\) (is using it; wait for it, or choose another folder|claimed it at the same "
+                     r"moment)\)$", refused, re.M), refused[-2000:]
+    from dlio_ckpt_ext.result_files import OWNER_FILE, RECORD_FILE
+    assert (workdir / "out" / RECORD_FILE).exists() and not (workdir / "out" / OWNER_FILE).exists()
+    assert not (workdir / "ckpt" / OWNER_FILE).exists()
+
+
+def test_the_marker_of_a_run_that_died_is_taken_over_and_said(workdir):
+    import json
+    from dlio_ckpt_ext.result_files import OWNER_FILE
+    dead = subprocess.Popen(["true"])
+    dead.wait()  # a pid that ran here and is gone
+    (workdir / "ckpt").mkdir()
+    (workdir / "ckpt" / OWNER_FILE).write_text(json.dumps({
+        "run_id": "x", "host": os.uname().nodename, "pid": dead.pid, "start_time_utc": "2026-12-01T00:00:00Z",
+        "heartbeat": 0}))
+    run = run_dlio(workdir, 1, "llama3_tiny_checkpoint", *TWO_ONE)
+    assert run.returncode == 0, run.output[-3000:]
+    assert (f"[WARNING] workload.checkpoint.checkpoint_folder='{workdir / 'ckpt'}': taking over from the run "
+            f"started 2026-12-01T00:00:00Z by pid {dead.pid} on host {os.uname().nodename} (heartbeat ") in run.stdout
+    assert f"its marker is stale (pid {dead.pid} is not running on {os.uname().nodename}; " in run.stdout
+    assert not (workdir / "ckpt" / OWNER_FILE).exists()
+
+
+def test_sigterm_with_the_output_piped_still_says_what_was_interrupted_and_what_finished(workdir):
+    """mpirun forwards no rank output after SIGTERM: the interrupt line goes to its
+    piped stderr directly, naming the checkpoints finished before it."""
+    import re
+    import signal
+    import time
+    from dlio_run import dlio_command
+    cmd = dlio_command(workdir, 2, "llama3_tiny_checkpoint", "++workload.checkpoint.num_checkpoints_write=10",
+                       "++workload.checkpoint.num_checkpoints_read=0", "++workload.checkpoint.time_between_checkpoints=1")
+    proc = subprocess.Popen(cmd, cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    seen = []
+    for line in proc.stdout:
+        seen.append(line)
+        if "checkpoint save 2/10" in line:
+            time.sleep(0.3)
+            proc.send_signal(signal.SIGTERM)
+            break
+    seen.append(proc.stdout.read())
+    proc.wait(timeout=60)
+    out = "".join(seen)
+    assert proc.returncode != 0
+    assert re.search(r"^\[ERROR\] rank 0: .*interrupted by SIGTERM.* \(finished before it: save 1, save 2(, save 3)?\)$",
+                     out, re.M), out[-3000:]

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from conftest import tool
-from dlio_run import MLCOMMONS, run_dlio
+from dlio_run import NEEDS_MLCOMMONS, NEEDS_MLPSTORAGE, run_dlio
 from test_dlio_integration import SHRINK, SMALL_8B, TWO_ONE, expected_files, on_disk
 
-pytestmark = pytest.mark.skipif(not MLCOMMONS, reason="MLCommons' DLIO fork is not this environment's DLIO")
+pytestmark = NEEDS_MLCOMMONS
 
 OURS = "++workload.checkpoint.checkpoint_mechanism_classname=dlio_ckpt_ext.dlio.mechanism.StreamingCheckpointing"
 GiB = float(1 << 30)
@@ -36,7 +36,8 @@ def assert_dlio_summary_matches_its_per_epoch_stats(out: Path, checkpoint_bytes:
         assert summary[f"{phase}_checkpoint_io_mean_GB_per_second"] == pytest.approx(sum(rates) / n, rel=1e-6)
 
 
-@pytest.mark.parametrize("workload, config_dir", [("llama_8b_zero3", None), ("llama3_8b", "mlpstorage")])
+@pytest.mark.parametrize("workload, config_dir", [("llama_8b_zero3", None),
+                                                  pytest.param("llama3_8b", "mlpstorage", marks=NEEDS_MLPSTORAGE)])
 def test_the_forks_and_mlpstorages_8b_configs_drive_our_mechanism(workdir, workload, config_dir):
     extra = [f"--config-dir={mlpstorage_configs()}"] if config_dir else []
     run = run_dlio(workdir, 2, workload, *SHRINK, *TWO_ONE, OURS, "++workload.checkpoint.time_between_checkpoints=0",
@@ -87,6 +88,7 @@ cd "$FS/ckpt" && find . -type f -printf '%P %s\\n' > "$SIZES"
 """
 
 
+@NEEDS_MLPSTORAGE
 def test_mlpstorages_own_cli_runs_our_mechanism_and_keeps_our_results_beside_its_metadata(tmp_path):
     if os.geteuid() != 0 or not shutil.which("unshare"):
         pytest.skip("needs root and unshare for a tmpfs in a mount namespace of its own "

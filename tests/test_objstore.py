@@ -167,3 +167,27 @@ def test_lent_memory_uploads_report_each_chunks_fill_and_write_span(s3, pool):
     assert {s[5] for s in seen} == {threading.get_ident()} and all(s[6] >= 0 for s in seen)
     body = s3.client().get_object(Bucket=BUCKET, Key="spans/f.pt")["Body"].read()
     assert body == expected_bytes(spec, size)
+
+
+def test_request_limits_go_to_s3dlio_and_into_the_record(workdir, monkeypatch):
+    """Every rank opens its backend, so each sets s3dlio's variables before its first call."""
+    for env in ("S3DLIO_OPERATION_TIMEOUT_SECS", "S3DLIO_CONNECT_TIMEOUT_SECS", "S3DLIO_MAX_RETRY_ATTEMPTS",
+                "S3DLIO_UNSIGNED_PAYLOAD"):
+        monkeypatch.setenv(env, "x")  # restored after the test, whatever the backend sets
+        monkeypatch.delenv(env)
+    b = ObjectBackend(f"file://{workdir}/obj", ObjectOptions(operation_timeout_s=7, max_attempts=5,
+                                                             payload_signing="sha256"))
+    assert (os.environ.get("S3DLIO_OPERATION_TIMEOUT_SECS"), os.environ.get("S3DLIO_MAX_RETRY_ATTEMPTS"),
+            os.environ.get("S3DLIO_CONNECT_TIMEOUT_SECS"), os.environ.get("S3DLIO_UNSIGNED_PAYLOAD")) == \
+        ("7", "5", None, None)
+    described = b.describe()
+    assert (described["operation_timeout_s"], described["connect_timeout_s"], described["max_attempts"],
+            described["payload_signing"]) == (7, 20, 5, "sha256")
+
+
+def test_a_timeout_says_how_long_the_rank_really_waited():
+    from dlio_ckpt_ext.storage.objstore import _error
+    err = _error("s3://b/k", "cannot read", RuntimeError("request timed out after 60s"), waited=150.2)
+    assert str(err) == ("cannot read s3://b/k: request timed out after 60s (waited 150.2 s in all, up to "
+                        f"{os.environ.get('S3DLIO_MAX_RETRY_ATTEMPTS', '3')} attempts; storage_options "
+                        "operation_timeout_s / max_attempts)")

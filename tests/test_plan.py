@@ -104,7 +104,8 @@ def test_subset_mode_uses_configured_data_parallelism():
 
 
 @pytest.mark.parametrize("par, ranks, key", [
-    (plan.Parallelism(tensor=3), 4, "MPI world size"),
+    (plan.Parallelism(tensor=3), 6, "model.parallelism.tensor"),
+    (plan.Parallelism(tensor=16), 16, "model.parallelism.tensor"),  # 32 query heads but 8 KV heads
     (plan.Parallelism(pipeline=2, zero_stage=3), 2, "model.parallelism.pipeline"),
     (plan.Parallelism(zero_stage=4), 1, "model.parallelism.zero_stage"),
     (plan.Parallelism(mode="subset"), 2, "model.parallelism.data"),
@@ -115,3 +116,20 @@ def test_invalid_parallelism_names_the_key(par, ranks, key):
     with pytest.raises(ConfigError) as err:
         plan.rank_plan(plan.ModelShape(**LLAMA3_8B), par, ranks, 0)
     assert err.value.key == key
+
+
+def test_a_tensor_split_of_uneven_heads_is_refused_with_both_head_counts():
+    """The tiny preset's 8 query and 2 KV heads at tensor=3: no framework splits heads so."""
+    shape = plan.ModelShape(4, 512, 1792, 8192, 8, 2)
+    with pytest.raises(ConfigError) as err:
+        plan.rank_plan(shape, plan.Parallelism(tensor=3), 3, 0)
+    assert str(err.value) == ("invalid config: model.parallelism.tensor=3; allowed: a divisor of both "
+                              "num_attention_heads 8 and num_kv_heads 2 (tensor parallelism splits the heads)")
+
+
+@pytest.mark.parametrize("name, ranks", [("llama3_8b_checkpoint", 8), ("llama3_70b_checkpoint", 64),
+                                         ("llama3_405b_checkpoint", 512), ("llama3_1t_checkpoint", 1024),
+                                         ("llama3_tiny_checkpoint", 1)])
+def test_every_preset_passes_the_checks_at_its_ranks(name, ranks):
+    shape, par = preset(name)
+    plan.validate(shape, par, ranks)

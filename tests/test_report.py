@@ -11,7 +11,7 @@ from PIL import Image
 from conftest import tool
 from dlio_ckpt_ext.result_files import RECORD_FILE, RUNNING_FILE
 from dlio_ckpt_ext.report.cli import main as report_main
-from dlio_ckpt_ext.submit import Submission, check_closed_rules, effective_config
+from dlio_ckpt_ext.submission.submit import Submission, check_closed_rules, effective_config
 from dlio_run import run_dlio
 
 SMALL = ["++workload.checkpoint.num_checkpoints_write=2", "++workload.checkpoint.num_checkpoints_read=2"]
@@ -108,7 +108,7 @@ def test_report_commands_reject_what_is_not_a_complete_results_directory(two_run
     assert "not a sweep directory" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("module", ["dlio_ckpt_ext.report", "dlio_ckpt_ext.submit"])
+@pytest.mark.parametrize("module", ["dlio_ckpt_ext.report", "dlio_ckpt_ext.submission.submit"])
 def test_entry_points_have_help(module):
     res = subprocess.run([sys.executable, "-m", module, "--help"], capture_output=True, text=True)
     assert res.returncode == 0 and "usage:" in res.stdout
@@ -201,3 +201,44 @@ def test_traces_refuses_a_run_without_traces_or_without_process_ids(tmp_path, ca
     (tmp_path / "trace-1-of-2.pfw").write_text(PYDFTRACER_1X)
     assert report_main(["traces", str(tmp_path)]) == 2
     assert "has no process id for rank 1" in capsys.readouterr().err
+
+
+def test_results_block_gives_generation_only_where_something_was_generated():
+    """A load without verify regenerates nothing: no 'n/a' generation line, no ratio."""
+    from dlio_ckpt_ext.dlio.metrics import results_block
+    from dlio_ckpt_ext.engine.profile import phase_report
+    rank = {"bytes": 2**30, "fill_s": 0.0, "io_s": 0.5, "close_s": 0.0, "wall_s": 0.5, "chunks_io_bound": 4,
+            "chunks_fill_bound": 0}
+    plain = results_block("load", phase_report([rank]))
+    assert plain[:3] == ["RESULTS (load):",
+                         f"  {'I/O':28s} 2.000 GiB/s per rank (0.500 s, of which close/fsync/upload completion "
+                         "0.000 s)", f"  {'pipeline overhead':28s} 0.00 %"]
+    assert not any("verification" in line or "I/O ratio" in line or "n/a" in line for line in plain)
+    verified = results_block("load", phase_report([{**rank, "fill_s": 0.25}]))
+    assert verified[1] == f"  {'verification (regenerate)':28s} 4.000 GiB/s per rank (0.250 s)"
+    assert f"  {'generation / I/O ratio':28s} 2.00x" in verified
+
+
+def test_report_points_give_io_per_file_even_where_chunks_were_kept():
+    """16 reads of 1 GiB in flight for 1 s: each chunk alone ran at 1 GiB/s, the
+    file (and the rank) at 16: the point must be the file's, the rate of the bars."""
+    from dlio_ckpt_ext.report.plots import _points
+    chunks = [[i * 2**30, 2**30, 0.0, 1.0, 0.0, 0.0, 101.0, 100.0] for i in range(16)]
+    file = {"nbytes": 16 * 2**30, "io_s": 1.0, "close_s": 0.0, "fill_s": 0.0, "end": 101.0, "chunks": chunks}
+    io, fills, unit = _points([{"files": [file]}], 100.0)
+    assert io == [(1.0, 16.0)] and fills == []
+    saved = {**file, "fill_s": 2.0, "chunks": [[0, 2**30, 0.5, 0.25, 0, 0, 100.5, 100.25]]}
+    io, fills, unit = _points([{"files": [saved]}], 100.0)
+    assert io == [(1.0, 16.0)] and fills == [(0.5, 2.0)] and unit == "chunk"
+
+
+def test_status_calls_a_checkpoint_with_open_uploads_incomplete_not_unstarted():
+    from pathlib import Path
+    from dlio_ckpt_ext.report.unfinished import CheckpointState, RunState, describe
+    marker = {"start_time_utc": "2026-12-02T07:00:00", "ranks": 2, "hosts": ["h"], "checkpoints": {"root": "s3://b/p"}}
+    uploads = [{"key": "p/d1/a", "upload_id": "1"}, {"key": "p/d1/b", "upload_id": "2"}]
+    state = RunState(Path("f"), marker, [CheckpointState(1, "d1", {"d1/a": 10, "d1/b": 10}, {}, uploads=2),
+                                         CheckpointState(2, "d2", {"d2/a": 10}, {})], uploads)
+    lines = describe(state)
+    assert "  checkpoint 1 incomplete (2 open uploads): 0 of 2 files complete" in lines
+    assert "  not started: 2" in lines and state.incomplete == [state.checkpoints[0]]

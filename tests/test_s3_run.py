@@ -1,4 +1,5 @@
 """End to end on object storage: mpirun + dlio_benchmark against a real SeaweedFS."""
+import json
 import os
 import pty
 import re
@@ -87,6 +88,7 @@ def test_server_killed_mid_run_gives_an_error_not_a_hang(tmp_path):
         server.stop()
     assert proc.returncode != 0
     assert "[ERROR] rank" in out and "s3://ckpt/k/c/global_epoch1_step" in out
+    assert f"the endpoint {server.endpoint} stopped answering (" in out, out[-3000:]
     assert "[METRIC]" not in out
 
 
@@ -151,8 +153,8 @@ def test_keep_files_false_on_s3_deletes_only_the_objects_the_run_wrote(s3, workd
 
 
 def test_a_run_through_the_emulated_remote_link(tmp_path, workdir):
-    from dlio_ckpt_ext.local_s3 import create_bucket, start
-    from dlio_ckpt_ext.remote_link import LinkSpec
+    from dlio_ckpt_ext.tools.local_s3 import create_bucket, start
+    from dlio_ckpt_ext.tools.remote_link import LinkSpec
     server = start(tmp_path / "remote", link=LinkSpec(latency_ms=25, rate_mb_s=100))
     try:
         assert server.endpoint != server.direct_endpoint  # clients talk to the link
@@ -175,12 +177,13 @@ def test_a_run_through_the_emulated_remote_link(tmp_path, workdir):
 
 def test_uploads_overlap_by_default_and_store_every_object_whole_and_verify(s3, workdir):
     run = run_dlio(workdir, 2, "llama3_tiny_checkpoint", *S3, "++workload.streaming.verify=True",
-                   f"++workload.storage.storage_root=s3://{BUCKET}/overlap", env=s3.env(), checkpoint_folder="o")
+                   "++workload.streaming.record_chunks=True", f"++workload.storage.storage_root=s3://{BUCKET}/overlap",
+                   env=s3.env(), checkpoint_folder="o")
     assert run.returncode == 0, run.stderr[-3000:]
     assert_tiny_objects(s3, "overlap/o")
     save = run.record()["concurrency"]["save"]
     assert save["files_at_once"] == 2 and save["requests_in_flight"] == 14
-    assert "requests in flight           14 x 32 MiB per rank (2 files at once)" in run.stdout
+    assert "requests in flight           14 x 16 MiB per rank (2 files at once)" in run.stdout
     # the first file of each checkpoint was closed only after the second's bytes were sent
     for stats in run.rank_stats():
         for rec in stats["phases"]["save"]:
@@ -231,3 +234,85 @@ def test_ctrl_c_during_an_async_persist_says_what_became_of_it(s3, tmp_path):
     assert sorted({int(rank) for rank, _, _ in said}) == [0, 1], out[-3000:]
     assert not re.search(r"^\[METRIC\]", out, re.M)  # (our warnings name DLIO's [METRIC] lines)
     assert open_uploads_after(s3, "asigint/", seconds=30) == []
+
+
+@pytest.mark.parametrize("signing", ["unsigned", "sha256"])
+def test_parts_are_signed_as_payload_signing_says_and_client_cpu_is_measured(s3, workdir, signing):
+    """Every UploadPart's x-amz-content-sha256, seen on the wire; the record's
+    client CPU per GiB recomputed from the rank stats' own windows."""
+    from header_proxy import HeaderProxy
+    proxy = HeaderProxy(int(s3.endpoint.rsplit(":", 1)[1]))
+    try:
+        run = run_dlio(workdir, 1, "llama3_tiny_checkpoint", *S3, f"++workload.storage.storage_root=s3://{BUCKET}/sig",
+                       f"++workload.storage.storage_options.payload_signing={signing}",
+                       env={**s3.env(), "AWS_ENDPOINT_URL": proxy.endpoint}, checkpoint_folder=signing)
+    finally:
+        proxy.stop()
+    assert run.returncode == 0, run.output[-3000:]
+    parts = [sha for method, path, sha in proxy.requests if method == "PUT" and "partNumber=" in path]
+    assert len(parts) >= 2 * 2  # two checkpoints of two files, a part at least each
+    assert all(sha == "UNSIGNED-PAYLOAD" if signing == "unsigned" else re.fullmatch(r"[0-9a-f]{64}", sha)
+               for sha in parts), set(parts)
+    record = run.record()
+    assert record["storage"]["payload_signing"] == signing and record["storage"]["freed_memory_reused"]
+    [stats] = run.rank_stats()
+    for phase in ("save", "load"):
+        windows = stats["phases"][phase]
+        gib = sum(w["bytes"] for w in windows) / 2**30
+        cpu = record[phase]["results"]["client_cpu"]
+        assert cpu["cpu_s_per_gib"] == pytest.approx(sum(w["cpu_user_s"] + w["cpu_sys_s"] for w in windows) / gib)
+        assert cpu["minor_faults_per_gib"] == pytest.approx(sum(w["minor_faults"] for w in windows) / gib)
+        assert cpu["cpu_s_per_gib"] > 0 and cpu["cores_at_10_gib_s"] == pytest.approx(10 * cpu["cpu_s_per_gib"])
+        assert (f"client CPU                   {cpu['cpu_s_per_gib']:.3f} core-seconds per GiB (user "
+                f"{cpu['user_s_per_gib']:.3f}, sys {cpu['sys_s_per_gib']:.3f}; ") in run.stdout
+
+
+def test_a_frozen_server_is_said_while_frozen_and_the_stall_kept(tmp_path):
+    """SeaweedFS stopped (SIGSTOP) for 30 s mid-run, then resumed: the rank says so
+    every 5 s while it lasts (lines read as they come, before the resume), the run
+    finishes, and the stall is in the record and on its checkpoint's RESULTS line."""
+    import threading
+    server = start_s3_server(tmp_path / "seaweedfs")
+    server.client().create_bucket(Bucket=BUCKET)
+    cmd = dlio_command(tmp_path, 1, "llama3_tiny_checkpoint", "++workload.storage.storage_type=s3",
+                       f"++workload.storage.storage_root=s3://{BUCKET}/frozen", "++workload.streaming.stall_warning_s=5",
+                       "++workload.checkpoint.num_checkpoints_write=3", "++workload.checkpoint.num_checkpoints_read=1",
+                       checkpoint_folder="c")
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, **server.env()})
+    lines: list[tuple[float, str]] = []
+    reader = threading.Thread(target=lambda: lines.extend((time.monotonic(), line) for line in proc.stdout))
+    reader.start()
+    try:
+        deadline = time.monotonic() + 120
+        while not any("checkpoint save 1/" in line or "Finished saving checkpoint 1 " in line for _, line in lines):
+            assert time.monotonic() < deadline and proc.poll() is None, "".join(line for _, line in lines)[-3000:]
+            time.sleep(0.05)
+        os.kill(server.proc.pid, signal.SIGSTOP)
+        time.sleep(30)
+        resumed = time.monotonic()
+        os.kill(server.proc.pid, signal.SIGCONT)
+        proc.wait(timeout=240)
+        reader.join(timeout=10)
+    finally:
+        proc.kill()
+        os.kill(server.proc.pid, signal.SIGCONT)
+        server.stop()
+    out = "".join(line for _, line in lines)
+    assert proc.returncode == 0, out[-3000:]
+    pattern = re.compile(r"^\[WARNING\] rank 0: no save request has completed for (\d+) s \(checkpoint (\d+), file "
+                         rf"s3://{BUCKET}/frozen/c/global_epoch1_step\d/\S+, endpoint {re.escape(server.endpoint)}\); "
+                         r"still waiting$")
+    said = [(at, pattern.match(line.rstrip("\n"))) for at, line in lines if pattern.match(line.rstrip("\n"))]
+    assert len([at for at, _ in said if at < resumed]) >= 3, out[-3000:]
+    record = json.loads((tmp_path / "out" / "ckpt_ext_summary.json").read_text())
+    # a loaded machine's slow uploads may add short stalls of their own; the freeze is the long one
+    stall = max(record["stalls"], key=lambda s: s["duration_s"])
+    frozen_step = next(m[2] for at, m in said if at < resumed and int(m[1]) >= 20)
+    assert stall["phase"] == "save" and str(stall["step"]) == frozen_step and 25 < stall["duration_s"] < 45
+    assert any(w.startswith(f"[WARNING] rank 0's save of checkpoint {stall['step']} stalled for ")
+               for w in record["warnings"])
+    assert re.search(rf"^  save {stall['step']}: first / last done .*; STALLED \d+\.\d s \(rank 0\)$", out, re.M)
+    slow = record["save"]["results"]["slow_requests"]  # the request the freeze held, at least
+    assert slow["slow"] >= 1 and slow["worst_s"] > 20 and slow["worst_rank"] == 0
+    assert f"  slow requests                {slow['slow']} of {slow['requests']} over 10x their rank's median" in out

@@ -11,7 +11,7 @@ import pytest
 
 from cluster import Cluster, why_not
 from conftest import BUCKET, tool
-from dlio_run import MLCOMMONS, Run
+from dlio_run import MLCOMMONS, Run, submitted_or_only_timing_broken
 from s3_server import start_s3_server
 from test_dlio_integration import on_disk
 
@@ -109,8 +109,9 @@ def test_s3_from_two_hosts(cluster, workdir):
 
 @pytest.mark.parametrize("cluster", [2], indirect=True)
 def test_submission_on_two_hosts_drops_each_hosts_cache_and_records_both(cluster, tmp_path):
-    # one rank per host: with two a host, DLIO's start-up on these 2 cores makes
-    # the gap between the invocations (28 s) longer than they are (rule 2.1.24)
+    # one rank per host: with two a host, DLIO's start-up on these 2 cores makes the gap between
+    # the invocations (28 s) longer than they are (rule 2.1.24); even with one, a loaded CI
+    # machine may (17.0 s against 16.1 s), so the gap verdict is allowed, nothing else
     from test_submission import ORG, SYSTEM, TINY_8B, model_folder
     results, ckpt = tmp_path / "results", tmp_path / "ckpt"
     cmd = [tool("dlio-ckpt-submit"), "--model", "llama3-8b", "--hosts", ",".join(cluster.names), "--num-processes",
@@ -118,7 +119,7 @@ def test_submission_on_two_hosts_drops_each_hosts_cache_and_records_both(cluster
            str(ckpt), *(f"--mpirun-arg={a}" for a in cluster.launch_args()), "--", *TINY_8B]
     res = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600,
                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", **cluster.env()})
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert submitted_or_only_timing_broken(res.returncode, res.stderr), res.stdout[-3000:] + res.stderr[-3000:]
     # one drop per host, each run on that host
     assert "[submit] page cache dropped on every host (node1, node2; " in res.stdout
     folder = model_folder(results, "open")
@@ -133,7 +134,8 @@ def test_submission_on_two_hosts_drops_each_hosts_cache_and_records_both(cluster
         assert (record["num_hosts"], record["hosts"], record["ranks_per_node"]) == (2, cluster.names, 1)
         assert json.loads((run / "summary.json").read_text())["num_hosts"] == 2
     report = json.loads((folder / "results.json").read_text())
-    assert report["valid"] and report["timing_rule_violations"] == []
+    assert report["valid"] == (res.returncode == 0)
+    assert all(v.startswith("2.1.2") for v in report["timing_rule_violations"]), report["timing_rule_violations"]
     assert report["hosts"] == cluster.names and report["ranks_per_host"] == 1
 
 
@@ -150,7 +152,11 @@ def test_a_host_lost_mid_save_ends_the_job_naming_it_and_claims_no_result(cluste
         for line in proc.stdout:
             out.append(line)
             if re.search(r"checkpoint save 2/|Finished saving checkpoint 2 ", line):
-                time.sleep(0.3)  # checkpoint 3 is being written
+                # checkpoint 3 is being written: its first file is there (a fixed pause could fall
+                # between two checkpoints on a fast disk, and find nothing half-written)
+                step3, deadline = workdir / "c" / "global_epoch1_step3", time.monotonic() + 30
+                while not (step3.is_dir() and any(step3.iterdir())) and time.monotonic() < deadline:
+                    time.sleep(0.01)
                 assert cluster.kill("node2")
                 lost_at = time.monotonic()
                 break
@@ -169,7 +175,8 @@ def test_a_host_lost_mid_save_ends_the_job_naming_it_and_claims_no_result(cluste
     # what the lost host left half-written is listed, measured here against checkpoint 1 (complete: saved
     # before the kill): every file of a later checkpoint at checkpoint 1's size, or not
     ckpt = workdir / "c"
-    sizes = {d.name: {f.name: f.stat().st_size for f in d.iterdir()} for d in ckpt.iterdir()}
+    # (beside them the dead run's owner marker, which a later run takes over)
+    sizes = {d.name: {f.name: f.stat().st_size for f in d.iterdir()} for d in ckpt.iterdir() if d.is_dir()}
     reference = sizes["global_epoch1_step1"]
     incomplete = {d: sorted(n for n in reference if files.get(n) != reference[n])
                   for d, files in sizes.items() if files != reference}
@@ -187,7 +194,41 @@ def test_a_host_lost_mid_save_ends_the_job_naming_it_and_claims_no_result(cluste
     removed = subprocess.run([tool("dlio-ckpt-report"), "status", str(workdir / "out"), "--remove-incomplete"],
                              capture_output=True, text=True)
     assert removed.returncode == 1, removed.stdout + removed.stderr
-    left = {d.name for d in ckpt.iterdir()}
+    left = {d.name for d in ckpt.iterdir() if d.is_dir()}
     assert left == set(sizes) - set(incomplete)  # the incomplete checkpoints gone, the complete ones kept
     assert all({f.name: f.stat().st_size for f in (ckpt / d).iterdir()} == reference for d in left)
 
+
+
+@pytest.mark.parametrize("cluster", [4], indirect=True)
+def test_a_slow_host_among_four_is_named_in_results_and_the_record(cluster, workdir):
+    server = start_s3_server(workdir / "seaweedfs", address=cluster.address)
+    try:
+        server.client().create_bucket(Bucket=BUCKET)
+        cluster.slow_link("node3", 40)  # 5 MB/s; the others share the bridge at memory speed
+        run = dlio_on(cluster, workdir, 2, "++workload.checkpoint.num_checkpoints_write=2",
+                      "++workload.checkpoint.num_checkpoints_read=1", "++workload.storage.storage_type=s3",
+                      f"++workload.storage.storage_root=s3://{BUCKET}", "++workload.checkpoint.checkpoint_folder=skew",
+                      "++workload.model.num_layers=2", "++workload.model.transformer.hidden_size=256",
+                      "++workload.model.transformer.ffn_hidden_size=512", "++workload.model.transformer.vocab_size=4096",
+                      "++workload.model.transformer.num_attention_heads=4", "++workload.model.transformer.num_kv_heads=2",
+                      env=server.env())
+    finally:
+        server.stop()
+    assert run.returncode == 0, run.output[-3000:]
+    host_of = {r["rank"]: r["hostname"] for r in run.rank_stats()}
+    record = run.record()
+    for phase, steps in (("save", (1, 2)), ("load", (1,))):
+        for w in record[phase]["per_checkpoint"]:
+            hosts = w["hosts"]
+            assert sorted(hosts) == cluster.names and all(h["ranks"] == 2 for h in hosts.values())
+            assert w["slowest_host"] == "node3" and w["last_done_host"] == "node3", w
+            assert host_of[w["last_done_rank"]] == "node3"
+            others = [h["throughput_gib_s"] for name, h in hosts.items() if name != "node3"]
+            # on a loaded machine every host is slow; node3's cap keeps it the slowest
+            assert hosts["node3"]["throughput_gib_s"] < min(others)
+            assert w["first_done_s"] <= w["last_done_s"] == pytest.approx(w["duration_s"])
+            assert w["spread_s"] == pytest.approx(w["last_done_s"] - w["first_done_s"])
+        lines = [line for line in run.stdout.splitlines() if re.match(rf"  {phase} \d: first / last done", line)]
+        assert len(lines) == len(steps), run.stdout[-3000:]
+        assert all("on node3)" in line and "slowest host node3 " in line and "(4 hosts)" in line for line in lines)

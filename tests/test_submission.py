@@ -2,6 +2,7 @@
 and report generator (mlcommons/storage at mlpstorage 3.0.26, in a virtual
 environment of their own: run_scripts/tool_env.sh mlcommons)."""
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -12,19 +13,23 @@ import pytest
 
 from conftest import REPO, tool, tool_env
 from dlio_ckpt_ext import plan
-from dlio_ckpt_ext.submit import Invocation, gap_violations
+from dlio_ckpt_ext.submission.submit import Invocation, gap_violations
 from test_dlio_integration import SHRINK, SMALL_8B, expected_files
 
 ORG, SYSTEM = "testorg", "testsys"
 #: two writes and two reads, each invocation longer than the gap between them
 #: (DLIO's start-up and the cache drop: the checker's 2.1.24 compares the two)
 TINY_8B = [*SHRINK, "++workload.checkpoint.num_checkpoints_write=2", "++workload.checkpoint.num_checkpoints_read=2",
-           "++workload.checkpoint.time_between_checkpoints=8", "++workload.streaming.verify=True"]
+           "++workload.checkpoint.time_between_checkpoints=14", "++workload.streaming.verify=True"]
 
 
 @pytest.fixture(scope="session")
 def mlcommons_python() -> str:
-    """MLCommons' checker and report generator, in their own environment."""
+    """MLCommons' checker and report generator, in their own environment, from
+    the user's checkout of mlcommons/storage (no registry serves them)."""
+    if not os.environ.get("MLPSTORAGE_SRC"):
+        pytest.skip("needs MLCommons' submission checker and report generator: MLPSTORAGE_SRC=<your checkout of "
+                    "mlcommons/storage, mlpstorage >= 3.0.26>")
     return str(tool_env("mlcommons") / "python")
 
 
@@ -71,7 +76,7 @@ def fill_placeholders(path: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def tiny_submission(tmp_path_factory, mlcommons_python):
+def tiny_submission(tmp_path_factory):
     """A write-then-read submission of the 8B preset scaled down, as OPEN (it breaks CLOSED rules)."""
     tmp = tmp_path_factory.mktemp("submission")
     results, ckpt = tmp / "results", checkpoint_dir(tmp)
@@ -196,7 +201,7 @@ def test_a_read_invocation_that_starts_too_late_fails_the_submission_naming_the_
     results, ckpt = tmp_path / "results", tmp_path / "ckpt"
     script = (
         "import sys, time\n"
-        "from dlio_ckpt_ext import submit\n"
+        "from dlio_ckpt_ext.submission import submit\n"
         "dropped = submit.drop_caches\n"
         "def slow(*a):\n"
         "    time.sleep(12)\n"
@@ -213,7 +218,8 @@ def test_a_read_invocation_that_starts_too_late_fails_the_submission_naming_the_
         in res.stderr
     [report] = results.glob("open/*/results/*/checkpointing/*/results.json")
     data = json.loads(report.read_text())
-    assert not data["valid"] and data["timing_rule_violations"][0].startswith("2.1.24")
+    # a loaded machine's slow start-up may break 4.7.1 (over 30 s) as well
+    assert not data["valid"] and any(v.startswith("2.1.24") for v in data["timing_rule_violations"])
     assert "INVALID: timing rules broken" in res.stdout
 
 
@@ -249,7 +255,7 @@ def test_datasize_matches_the_plans_exact_bytes(tmp_path):
     res = submit("datasize", "--model", "llama3-8b", "--num-processes", "8", "--hosts", "n1,n2",
                  "--client-host-memory-in-gb", "64", cwd=tmp_path, timeout=120)
     assert res.returncode == 0, res.stderr
-    from dlio_ckpt_ext.submit import Submission, effective_config
+    from dlio_ckpt_ext.submission.submit import Submission, effective_config
     cfg = effective_config(Submission("llama3_8b_checkpoint", ["n1", "n2"], 4))
     per_rank = [plan.rank_plan(cfg.shape, cfg.parallelism, 8, r).total_bytes for r in range(8)]
     for r, n in enumerate(per_rank):

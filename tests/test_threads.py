@@ -25,8 +25,32 @@ def test_adaptive_budget_never_exceeds_the_node_share():
     for _ in range(5):
         budget.observe(fill_s=1.0, io_s=1.0)
     assert budget.current == 2 and budget.limit == 2
-    # at its limit with generation still under the target: the CPU share bounded it
-    assert budget.starved
+    # at its limit with generation still under the target (not slower than I/O: no limit)
+    assert budget.starved_files == 4 and not budget.starved
+
+
+def test_generation_limits_a_checkpoint_only_where_it_was_slower_than_io_for_most_bytes():
+    """The quickstart's case: one thread allowed, generation 3x I/O on 19 files of
+    20 and slower than I/O on one: that checkpoint's figure is the storage's. A
+    file merely under the target margin (1.5x) is no limit either."""
+    budget = ThreadBudget(share=1)
+    for i in range(20):
+        budget.observe(fill_s=1.2 if i == 7 else 0.3, io_s=1.0, nbytes=100, step=1)
+    budget.observe(fill_s=1.0, io_s=1.5, nbytes=100, step=2)
+    assert budget.starved_files == 2 and budget.generation_limited_steps == [] and not budget.starved
+    # step 3: the big file's generation took longer than its write; step 4: only the small one's
+    budget.observe(fill_s=2.0, io_s=1.0, nbytes=600, step=3)
+    budget.observe(fill_s=0.1, io_s=1.0, nbytes=400, step=3)
+    budget.observe(fill_s=0.1, io_s=1.0, nbytes=600, step=4)
+    budget.observe(fill_s=2.0, io_s=1.0, nbytes=400, step=4)
+    assert budget.generation_limited_steps == [3] and budget.starved
+    assert budget.describe()["generation_limited_steps"] == [3]
+
+
+def test_below_the_thread_limit_slow_generation_adds_a_thread_rather_than_limiting():
+    budget = ThreadBudget(share=4)
+    budget.observe(fill_s=2.0, io_s=1.0, nbytes=100, step=1)
+    assert budget.current == 2 and budget.generation_limited_steps == []
 
 
 def test_a_fixed_budget_stays_fixed():

@@ -33,7 +33,7 @@ def traced_run(tmp_path_factory):
     run = run_dlio(workdir, RANKS, "llama3_tiny_checkpoint",
                    f"++workload.checkpoint.num_checkpoints_write={CHECKPOINTS}",
                    f"++workload.checkpoint.num_checkpoints_read={CHECKPOINTS}", "++workload.streaming.chunk_size=8MiB",
-                   env={"DFTRACER_ENABLE": "1", "DFTRACER_INC_METADATA": "1"})
+                   "++workload.streaming.record_chunks=True", env={"DFTRACER_ENABLE": "1", "DFTRACER_INC_METADATA": "1"})
     assert run.returncode == 0, run.output[-3000:]
     assert "DFTRACER_INC_METADATA" not in run.output  # no warning: arguments are kept
     res = subprocess.run([tool("dlio-ckpt-report"), "traces", str(run.out)], capture_output=True, text=True, timeout=120)

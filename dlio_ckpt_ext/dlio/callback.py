@@ -131,7 +131,7 @@ def check_workload(workload: DictConfig) -> None:
     from dlio_ckpt_ext.dlio.mechanism import StreamingCheckpointing
     from dlio_ckpt_ext.dlio.mpi import topology
     from dlio_ckpt_ext.dlio.sections import check_sections
-    from dlio_ckpt_ext.memory import check_memory
+    from dlio_ckpt_ext.checkpoint.memory import check_memory
     from dlio_ckpt_ext.errors import ConfigError
     comm = DLIOMPI.get_instance().comm()
     try:

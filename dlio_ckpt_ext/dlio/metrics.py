@@ -11,24 +11,149 @@ import json
 import os
 import statistics
 
-from dlio_ckpt_ext.engine.profile import GiB, FileStats
+from dlio_ckpt_ext.engine.profile import GiB, SLOW_FLOOR_S, SLOW_MULTIPLE, FileStats
 
-def local_record(step: int, files: list[FileStats], start: float, end: float) -> dict:
-    """This rank's part of one checkpoint: wall-clock start/end around its files."""
+#: a rank's CPU inside a checkpoint's window (engine/profile.usage_since)
+USAGE_KEYS = ("cpu_user_s", "cpu_sys_s", "minor_faults")
+
+
+def local_record(step: int, files: list[FileStats], start: float, end: float, usage: dict | None = None) -> dict:
+    """This rank's part of one checkpoint: wall-clock start/end around its files,
+    and the process's CPU seconds and minor page faults between them."""
     return {"step": step, "start": start, "end": end, "elapsed_s": end - start,
-            "bytes": sum(f.nbytes for f in files), "files": [f.to_dict() for f in files]}
+            "bytes": sum(f.nbytes for f in files), **(usage or dict.fromkeys(USAGE_KEYS, 0)),
+            "files": [f.to_dict() for f in files]}
+
+
+def window_part(record: dict, rank: int, host: str) -> dict:
+    """What rank 0 needs of a rank's record for the global window: no file or
+    chunk detail (gathered from every rank, it must stay O(1) per rank)."""
+    return {k: record[k] for k in ("step", "start", "end", "elapsed_s", "bytes", *USAGE_KEYS)} | \
+        {"rank": rank, "host": host}
 
 
 def global_window(records_by_rank: list[dict]) -> dict:
-    """Combine every rank's record of one checkpoint into its global window."""
+    """Combine every rank's record of one checkpoint (window_part) into its
+    global window, with its skew: the first and the last rank done, and each
+    host's throughput (its ranks' bytes over its first start to its last end),
+    so a slow rank or node stands out."""
     start = min(r["start"] for r in records_by_rank)
     end = max(r["end"] for r in records_by_rank)
     nbytes = sum(r["bytes"] for r in records_by_rank)
     duration = end - start
-    return {"step": records_by_rank[0]["step"], "duration_s": duration, "bytes": nbytes,
-            "throughput_gib_s": nbytes / GiB / duration if duration > 0 else 0.0,
+    first = min(records_by_rank, key=lambda r: r["end"])
+    last = max(records_by_rank, key=lambda r: r["end"])
+    slowest = max(records_by_rank, key=lambda r: r["elapsed_s"])
+    hosts: dict[str, list[dict]] = {}
+    for r in records_by_rank:
+        hosts.setdefault(r.get("host", ""), []).append(r)
+    per_host = {}
+    for host, recs in sorted(hosts.items()):
+        span = max(r["end"] for r in recs) - min(r["start"] for r in recs)
+        host_bytes = sum(r["bytes"] for r in recs)
+        per_host[host] = {"ranks": len(recs), "bytes": host_bytes, "duration_s": span,
+                          "throughput_gib_s": host_bytes / GiB / span if span > 0 else 0.0}
+    slow_host = min(per_host, key=lambda h: per_host[h]["throughput_gib_s"])
+    return {"step": records_by_rank[0]["step"], "start": start, "end": end, "duration_s": duration,
+            "bytes": nbytes, "throughput_gib_s": nbytes / GiB / duration if duration > 0 else 0.0,
             "rank_elapsed_min_s": min(r["elapsed_s"] for r in records_by_rank),
-            "rank_elapsed_max_s": max(r["elapsed_s"] for r in records_by_rank)}
+            "rank_elapsed_max_s": slowest["elapsed_s"],
+            "first_done_s": first["end"] - start, "first_done_rank": first.get("rank"),
+            "last_done_s": duration, "last_done_rank": last.get("rank"), "last_done_host": last.get("host"),
+            "spread_s": last["end"] - first["end"],
+            "slowest_rank": slowest.get("rank"), "slowest_rank_host": slowest.get("host"),
+            "slowest_host": slow_host, "hosts": per_host,
+            **{k: sum(r[k] for r in records_by_rank) for k in USAGE_KEYS}}
+
+
+def client_cpu(windows: list[dict], node_cpus: int) -> dict:
+    """Every rank's CPU inside a phase's windows per GiB moved (generation
+    included on saves), and what it would cost a node: at 10 GiB/s, and at the
+    rate each host measured here (the median host's), against its CPUs."""
+    gib = sum(w["bytes"] for w in windows) / GiB
+    if gib <= 0:
+        return {}
+    user, sys_ = (sum(w[k] for w in windows) / gib for k in ("cpu_user_s", "cpu_sys_s"))
+    rates = sorted(h["throughput_gib_s"] for w in windows for h in (w.get("hosts") or {}).values())
+    node_rate = rates[len(rates) // 2] if rates else 0.0
+    per_gib = user + sys_
+    return {"cpu_s_per_gib": per_gib, "user_s_per_gib": user, "sys_s_per_gib": sys_,
+            "minor_faults_per_gib": sum(w["minor_faults"] for w in windows) / gib,
+            "cores_at_10_gib_s": per_gib * 10, "node_gib_s": node_rate, "cores_at_node_rate": per_gib * node_rate,
+            "node_cpus": node_cpus}
+
+
+#: the share of a node's CPUs the client may spend at the measured rate before its
+#: figure may be the client's rather than the storage's
+CLIENT_CPU_SHARE_WARNING = 0.5
+
+
+def client_cpu_lines(phase: str, cpu: dict) -> list[str]:
+    if not cpu:
+        return []
+    return [f"  {'client CPU':28s} {cpu['cpu_s_per_gib']:.3f} core-seconds per GiB (user "
+            f"{cpu['user_s_per_gib']:.3f}, sys {cpu['sys_s_per_gib']:.3f}; {cpu['minor_faults_per_gib']:,.0f} minor "
+            f"page faults per GiB): a node moving 10 GiB/s would spend {cpu['cores_at_10_gib_s']:.1f} cores; at "
+            f"this run's {cpu['node_gib_s']:.3f} GiB/s per node, {cpu['cores_at_node_rate']:.2f} of its "
+            f"{cpu['node_cpus']}"]
+
+
+def client_cpu_warning(phase: str, cpu: dict) -> list[str]:
+    if not cpu or cpu["cores_at_node_rate"] <= CLIENT_CPU_SHARE_WARNING * cpu["node_cpus"]:
+        return []
+    return [f"[WARNING] the client's own CPU may set the {phase} figure: {cpu['cpu_s_per_gib']:.3f} core-seconds "
+            f"per GiB at the measured {cpu['node_gib_s']:.3f} GiB/s per node is {cpu['cores_at_node_rate']:.2f} of "
+            f"the node's {cpu['node_cpus']} CPUs"]
+
+
+def slow_requests(per_rank: list[dict]) -> dict:
+    """Every rank's slow-request count of a phase (engine/profile.slow_requests) summed,
+    with the slowest request's rank."""
+    worst = max(range(len(per_rank)), key=lambda r: per_rank[r]["worst_s"])
+    return {"requests": sum(p["requests"] for p in per_rank), "slow": sum(p["slow"] for p in per_rank),
+            "ranks_with_slow": sum(1 for p in per_rank if p["slow"]), "multiple": SLOW_MULTIPLE,
+            "floor_s": SLOW_FLOOR_S, "worst_s": per_rank[worst]["worst_s"], "worst_rank": worst,
+            "worst_file": per_rank[worst]["worst_file"], "worst_rank_median_s": per_rank[worst]["median_s"]}
+
+
+def slow_request_lines(slow: dict) -> list[str]:
+    if not slow.get("slow"):
+        return []
+    return [f"  {'slow requests':28s} {slow['slow']} of {slow['requests']} over {slow['multiple']:g}x their rank's "
+            f"median and {slow['floor_s']:g} s (retries, dropped connections or a stalled server: the client "
+            f"does not report its retries); slowest {slow['worst_s']:.2f} s (rank {slow['worst_rank']}, "
+            f"{slow['worst_file']}, its median {slow['worst_rank_median_s']:.3f} s)"]
+
+
+def stall_warnings(stalls: list[dict], shown: int = 8) -> list[str]:
+    """One warning per stall (rank, phase, checkpoint, how long, which file), the first few."""
+    out = [f"[WARNING] rank {s['rank']}'s {s['phase']} of checkpoint {s['step']} stalled for {s['duration_s']:.1f} s: "
+           f"no request completed ({s['file']}); that checkpoint's figure holds the stall" for s in stalls[:shown]]
+    if len(stalls) > shown:
+        out.append(f"[WARNING] ... and {len(stalls) - shown} more stalls (all in the record's stalls)")
+    return out
+
+
+def skew_lines(phase: str, windows: list[dict], stalls: list[dict] = ()) -> list[str]:
+    """RESULTS' lines on skew: each checkpoint's first and last rank done and its
+    slowest host (with several hosts, the fastest beside it), and its stalls."""
+    lines = []
+    for w in windows:
+        hosts = w.get("hosts") or {}
+        label = f"{phase} {w['step']}: first / last done"
+        line = (f"  {label:28s} {w['first_done_s']:.3f} s (rank "
+                f"{w['first_done_rank']}) / {w['last_done_s']:.3f} s (rank {w['last_done_rank']} on "
+                f"{w['last_done_host']}), spread {w['spread_s']:.3f} s")
+        if len(hosts) > 1:
+            fast = max(hosts, key=lambda h: hosts[h]["throughput_gib_s"])
+            line += (f"; slowest host {w['slowest_host']} {hosts[w['slowest_host']]['throughput_gib_s']:.3f} "
+                     f"GiB/s, fastest {fast} {hosts[fast]['throughput_gib_s']:.3f} GiB/s ({len(hosts)} hosts)")
+        held = [s for s in stalls if s["phase"] == phase and s["step"] == w["step"]]
+        if held:
+            worst = max(held, key=lambda s: s["duration_s"])
+            line += f"; STALLED {worst['duration_s']:.1f} s (rank {worst['rank']}{f', {len(held)} stalls' if len(held) > 1 else ''})"
+        lines.append(line)
+    return lines
 
 
 def mean_std(values: list[float]) -> tuple[float, float]:
@@ -50,13 +175,14 @@ def results_block(phase: str, report: dict, cache_method: str = "", concurrency:
         return []
     fmt = lambda v, spec: "n/a" if v is None else format(v, spec)  # noqa: E731
     gen_name = "generation (fill)" if phase == "save" else "verification (regenerate)"
-    return [f"RESULTS ({phase}):",
-            f"  {gen_name:28s} {fmt(report['generation_gib_s_per_rank'], '.3f')} GiB/s per rank "
-            f"({report['fill_s']:.3f} s)",
+    # a load without verify generates nothing: no generation figure to give
+    generated = [f"  {gen_name:28s} {fmt(report['generation_gib_s_per_rank'], '.3f')} GiB/s per rank "
+                 f"({report['fill_s']:.3f} s)"] if report["fill_s"] > 0 else []
+    ratio = [f"  {'generation / I/O ratio':28s} {fmt(report['generation_to_io_ratio'], '.2f')}x"] \
+        if report["generation_to_io_ratio"] else []
+    return [f"RESULTS ({phase}):", *generated,
             f"  {'I/O':28s} {fmt(report['io_gib_s_per_rank'], '.3f')} GiB/s per rank ({report['io_s']:.3f} s, "
-            f"of which close/fsync/upload completion {report['close_s']:.3f} s)",
-            f"  {'generation / I/O ratio':28s} {fmt(report['generation_to_io_ratio'], '.2f')}"
-            + ("x" if report["generation_to_io_ratio"] else " (nothing generated: verify is off)"),
+            f"of which close/fsync/upload completion {report['close_s']:.3f} s)", *ratio,
             f"  {'pipeline overhead':28s} {report['pipeline_overhead_pct']:.2f} %",
             f"  {'bottleneck':28s} {report['bottleneck']} (I/O-bound chunks: {report['chunks_io_bound']}, "
             f"generation-bound chunks: {report['chunks_fill_bound']})"] + (

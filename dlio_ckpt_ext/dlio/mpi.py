@@ -18,6 +18,8 @@ class Topology:
     cpu_mask_size: int = 1  # CPUs this rank may run on (its affinity, after mpirun's binding)
     cpu_share: float = 1.0  # of them, its share given the node's other ranks (engine/threads.cpu_share)
     binding: str = "none"   # the node's binding as the masks show it (engine/threads.binding)
+    host: str = ""          # this rank's node (MPI's processor name, as in hosts)
+    node_cpus: int = 1      # the node's online CPUs
 
     @property
     def num_hosts(self) -> int:
@@ -29,13 +31,32 @@ def topology(comm) -> Topology:
 
     from dlio_ckpt_ext.engine.threads import binding, cpu_mask, cpu_share, online_cpus
     local = comm.Split_type(MPI.COMM_TYPE_SHARED)
-    hosts = tuple(sorted(set(comm.allgather(MPI.Get_processor_name()))))
+    host = MPI.Get_processor_name()
+    hosts = tuple(sorted(set(comm.allgather(host))))
     mine = cpu_mask()
     node = [frozenset(m) for m in local.allgather(sorted(mine))]
+    online = online_cpus()
     topo = Topology(comm.rank, comm.size, local.rank, local.size, hosts, len(mine), cpu_share(mine, node),
-                    binding(node, online_cpus()))
+                    binding(node, online), host, len(online))
     local.Free()
     return topo
+
+
+def launcher_stream() -> Optional[TextIO]:
+    """A stream straight to mpirun's own stderr when it is a pipe or a file on this
+    host, else None. After SIGINT or SIGTERM mpirun forwards no more of a rank's
+    output (measured: with mpirun's output piped, the interrupt lines never came
+    through), so what must be said then is written there directly."""
+    if "OMPI_COMM_WORLD_RANK" not in os.environ and "PMIX_RANK" not in os.environ:
+        return None
+    path = f"/proc/{os.getppid()}/fd/2"
+    try:
+        target = os.readlink(path)
+        if target.startswith("pipe:") or (target.startswith("/") and not target.startswith("/dev/")):
+            return open(path, "a")
+    except OSError:
+        pass
+    return None
 
 
 def abort(comm, message: str, exc: BaseException | None = None, code: int = 1) -> None:

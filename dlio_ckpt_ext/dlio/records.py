@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import gzip
+import json
 import os
 import sys
 from dataclasses import asdict
@@ -19,9 +21,9 @@ from dlio_ckpt_ext.dlio import metrics, provenance, trace
 from dlio_ckpt_ext.engine.buffers import huge_page_bytes, thp_setting
 from dlio_ckpt_ext.engine.threads import usable_cpus
 from dlio_ckpt_ext.redact import redact_args, redact_tree
-from dlio_ckpt_ext.result_files import CONFIG_FILE, MANIFEST_FILE, RANK_STATS_DIR, RECORD_FILE, RUNNING_FILE
+from dlio_ckpt_ext.result_files import CHUNKS_FILE, CONFIG_FILE, MANIFEST_FILE, RANK_STATS_DIR, RECORD_FILE, RUNNING_FILE
 
-from dlio_ckpt_ext.checkpointer import Checkpointer
+from dlio_ckpt_ext.checkpoint.checkpointer import Checkpointer
 from dlio_ckpt_ext.config import RunConfig
 from dlio_ckpt_ext.dlio.mpi import Topology
 
@@ -85,17 +87,42 @@ def remove_running(session: CheckpointSession) -> None:
         os.unlink(os.path.join(session.output_folder, RUNNING_FILE))
 
 
+def _percentiles(values: list[float]) -> dict:
+    v = sorted(values)
+    at = lambda q: v[round(q * (len(v) - 1))]  # noqa: E731 - nearest rank
+    return {"min": v[0], "p10": at(0.1), "p50": at(0.5), "p90": at(0.9), "max": v[-1]}
+
+
+def file_summary(stats: dict) -> dict:
+    """A file's record without its chunk list: how many chunks, and their I/O
+    rates' percentiles (a chunk is [offset, nbytes, fill_s, io_s, ...])."""
+    chunks = stats.get("chunks") or []
+    rates = [c[1] / metrics.GiB / c[3] for c in chunks if c[3] > 0]
+    out = {k: v for k, v in stats.items() if k != "chunks"}
+    out["chunk_count"] = len(chunks)
+    if rates:
+        out["chunk_io_gib_s"] = _percentiles(rates)
+    return out
+
+
 def write_rank_stats(session: CheckpointSession, totals: dict) -> None:
     ck, topo = session.checkpointer, session.topology
     rank_dir = os.path.join(session.output_folder, RANK_STATS_DIR)
     os.makedirs(rank_dir, exist_ok=True)
+    phases = {p: [{**rec, "files": [file_summary(f) for f in rec["files"]]} for rec in recs]
+              for p, recs in session.local.items()}
+    if session.config.streaming.record_chunks:
+        with gzip.open(os.path.join(rank_dir, CHUNKS_FILE.format(rank=session.rank)), "wt") as fh:
+            json.dump({"rank": session.rank, "phases": {p: [[f["chunks"] for f in rec["files"]] for rec in recs]
+                                                        for p, recs in session.local.items()}}, fh)
     metrics.write_json(os.path.join(rank_dir, f"rank_{session.rank:05d}.json"), {
         # pid: DLIO 2.0.0 traces a rank as process id = rank; `dlio-ckpt-report traces` puts this back
         "rank": session.rank, "hostname": os.uname().nodename, "pid": os.getpid(), "local_rank": topo.local_rank,
         "ranks_per_node": topo.ranks_per_node, "gen_threads": ck.gen_threads,
         "cpu_mask_size": topo.cpu_mask_size, "cpu_share": topo.cpu_share,
         "gen_thread_budget": {**ck.threads.describe(), "starved": ck.threads.starved},
-        "source_rank_for_loads": ck.source_rank(), "phases": session.local, "totals": totals, "async_blocked": session.blocked,
+        "source_rank_for_loads": ck.source_rank(), "phases": phases, "totals": totals, "async_blocked": session.blocked,
+        "stalls": session.stall_watch.stalls,
         "peak_rss_bytes": peak_rss_bytes(), "buffer_bytes": session.rank_buffer_bytes,
         "buffer_huge_page_bytes": huge_page_bytes(),
         "staging_bytes": ck.staging.nbytes if ck.staging is not None else 0,
@@ -150,7 +177,7 @@ def write_run_record(session: CheckpointSession, reports: dict) -> None:
         fh.write(OmegaConf.to_yaml({"workload": workload}))
     record = {"status": "success", "benchmark": "dlio-ckpt-ext streaming checkpoint",
               "checkpoint_bytes": size, "checkpoint_gib": size / metrics.GiB,
-              **man, "inventory": session.inventory, "warnings": session.warnings(),
+              **man, "inventory": session.inventory, "warnings": session.warnings(), "stalls": session.stalls,
               "config": {"effective": sections, "workload": workload}}
     for phase in ("save", "load"):
         record[phase] = phase_summary(session.windows[phase], reports[phase])

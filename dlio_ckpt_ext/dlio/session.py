@@ -20,15 +20,19 @@ from typing import Callable, Optional
 from omegaconf import DictConfig
 from tqdm import tqdm
 
-from dlio_ckpt_ext.background import BackgroundPersist
-from dlio_ckpt_ext.checkpointer import Checkpointer, inventory_error
+from dlio_ckpt_ext.checkpoint.background import BackgroundPersist
+from dlio_ckpt_ext.checkpoint.checkpointer import Checkpointer, inventory_error
 from dlio_ckpt_ext.config import RunConfig, load_config
 from dlio_ckpt_ext.dlio import metrics, records, trace
-from dlio_ckpt_ext.dlio.mpi import Topology, abort, topology, user_terminal
-from dlio_ckpt_ext.engine.profile import FileStats, phase_report, phase_totals
-from dlio_ckpt_ext.engine.threads import TARGET_MARGIN
+from dlio_ckpt_ext.dlio.mpi import Topology, abort, launcher_stream, topology, user_terminal
+from dlio_ckpt_ext.dlio.ownership import Folder, Lease
+from dlio_ckpt_ext.dlio.stalls import StallWatch
+from dlio_ckpt_ext.engine.profile import (FileStats, phase_report, phase_totals, process_usage, slow_requests,
+                                          usage_since)
 from dlio_ckpt_ext.errors import ConfigError
-from dlio_ckpt_ext.memory import check_memory
+from dlio_ckpt_ext.result_files import OWNER_FILE
+from dlio_ckpt_ext.storage.posix import read_marker_file, write_marker_file
+from dlio_ckpt_ext.checkpoint.memory import check_memory
 
 PHASES = ("save", "load")
 #: the session of this process, for DLIO's storage calls that must see the last
@@ -89,6 +93,23 @@ def _ranks(ranks: list[int]) -> str:
     return shown if len(ranks) <= 8 else f"{shown}, ... ({len(ranks)} in all)"
 
 
+def generation_limited_warning(steps: dict[int, list[int]], topo: Topology) -> str:
+    """Which ranks' save figures were their generators', and what would help on
+    this node: a wider binding only where the node has CPUs the binding withholds."""
+    all_steps = sorted({s for rank_steps in steps.values() for s in rank_steps})
+    head = (f"[WARNING] generation limited the save of checkpoint step(s) {_ranks(all_steps)} on rank(s) "
+            f"{_ranks(sorted(steps))}: at the generator thread limit, files carrying most of the checkpoint's "
+            f"bytes took longer to generate than to write (rank 0 may run on {topo.cpu_mask_size} CPU(s), "
+            f"its share {topo.cpu_share:g}; binding: {topo.binding}); ")
+    per_rank = topo.node_cpus // max(1, topo.ranks_per_node)
+    if per_rank > int(topo.cpu_share):
+        return head + (f"give each rank more CPUs: mpirun --bind-to none, or --map-by "
+                       f"ppr:{topo.ranks_per_node}:node:PE={per_rank}")
+    return head + (f"this node's {topo.node_cpus} CPU(s) are all its {topo.ranks_per_node} rank(s) can have: run "
+                   "fewer ranks per node or on nodes with more CPUs; these figures are the generator's, not the "
+                   "storage's")
+
+
 def _runs(values: list[int]) -> str:
     """[1, 1, 1, 2, 2] -> '1 x3, 2 x2'."""
     out: list[list[int]] = []
@@ -132,8 +153,10 @@ class CheckpointSession:
         self.blocked: list[dict] = []
         self.async_summary: Optional[dict] = None
         self.drain_s = 0.0
-        #: rank 0 after finalize: ranks whose generation their CPU share bounded
-        self.starved_ranks: list[int] = []
+        #: per rank whose CPU share set its save figure, the checkpoint steps where it did
+        self.starved_steps: dict[int, list[int]] = {}
+        #: per phase, rank 0's sum of every rank's CPU in the windows (metrics.client_cpu)
+        self.client_cpu: dict[str, dict] = {}
         self.persister: Optional[BackgroundPersist] = None
         #: the step persisting in the background (async mode)
         self.persisting_step = 0
@@ -142,6 +165,8 @@ class CheckpointSession:
         self._interrupt_said, self._interrupt_lock = False, threading.Lock()
         self.start_time = time.time()
         self.end_time = self.start_time
+        #: rank 0: this run's claim on its folders (dlio/ownership.py)
+        self.lease: Optional[Lease] = None
         catch_interrupts()
         with self.abort_on_error("preparing the checkpoint storage"):
             self.topology: Topology = topology(comm)
@@ -149,7 +174,12 @@ class CheckpointSession:
             self.checkpointer = Checkpointer(self.config, self.rank, self.size, self.topology.ranks_per_node,
                                              self.topology.cpu_share)
             self.checkpointer.tracer = trace.chunk_tracer(self.rank)
+            self._claim_folders("output")
             self.checkpointer.prepare()
+        self.stall_watch = StallWatch(self.rank, self.config.streaming.stall_warning_s, self._stalled_where,
+                                      self._say_now)
+        #: rank 0 after finalize: every rank's stalls
+        self.stalls: list[dict] = []
         if self.config.is_async:
             self.persister = BackgroundPersist(lambda exc: abort(self.comm, f"checkpoint persist failed: {exc}", exc))
             # the background thread's own communicator for DCP's commit, as DCP
@@ -158,6 +188,8 @@ class CheckpointSession:
         global _active
         _active = self
         self._probe()
+        with self.abort_on_error("claiming the checkpoint folder"):
+            self._claim_folders("checkpoint")
         c = self.config.checkpoint
         if c.num_checkpoints_write == 0:
             # Reading an earlier run's checkpoints: check they are all there first.
@@ -166,6 +198,37 @@ class CheckpointSession:
             with self.abort_on_error("writing the run's marker"):
                 records.write_running(self)
             self._announce()
+
+    def _claim_folders(self, which: str) -> None:
+        """Rank 0 claims the output folder (before any checkpoint I/O) or the
+        checkpoint folder (once the storage answered) for this run
+        (dlio/ownership.py); another live run's folder stops every rank."""
+        refusal, notes = None, []
+        if self.rank == 0:
+            if self.lease is None:
+                self.lease = Lease(self.start_time)
+            if which == "output":
+                marker = os.path.join(self.output_folder, OWNER_FILE)
+                folder = Folder("workload.output.folder", self.output_folder, lambda d: write_marker_file(marker, d),
+                                lambda: read_marker_file(marker), lambda: os.unlink(marker))
+            else:
+                backend = self.checkpointer.backend
+                folder = Folder("workload.checkpoint.checkpoint_folder", backend.uri("").rstrip("/"),
+                                lambda d: backend.write_marker(OWNER_FILE, d), lambda: backend.read_marker(OWNER_FILE),
+                                lambda: backend.delete_file(OWNER_FILE))
+            try:
+                notes = self.lease.claim(folder)
+            except ConfigError as exc:
+                refusal = str(exc)
+                self.lease.release()
+        refusal = self.comm.bcast(refusal, root=0)
+        if refusal:
+            if self.rank == 0:
+                sys.stderr.write(f"[ERROR] {refusal}\n")
+                sys.stderr.flush()
+            raise SystemExit(2)
+        for line in notes:
+            print(line, flush=True)
 
     # -- failures end every rank ---------------------------------------------
     @contextlib.contextmanager
@@ -192,16 +255,18 @@ class CheckpointSession:
             if self._interrupt_said:
                 return
             self._interrupt_said = True
-        line = f"[ERROR] rank {self.rank}: {what}\n"
-        sys.stderr.write(line)
-        sys.stderr.flush()
-        # after a Ctrl-C mpirun forwards no more output (measured: none of these
-        # lines came through): the person at mpirun's terminal is told directly
-        term = user_terminal()
-        if term is not None and term is not sys.stdout:
-            with contextlib.suppress(OSError):
-                term.write("\r\033[K" + line)  # over rank 0's progress bar, if one is drawn
-                term.close()
+        done = [f"{phase} {r['step']}" for phase in PHASES for r in self.local[phase]]
+        line = (f"[ERROR] rank {self.rank}: {what}"
+                + (f" (finished before it: {', '.join(done[-6:])})" if done else ""))
+        # after a Ctrl-C or SIGTERM mpirun forwards no more output (measured: none
+        # of these lines came through): its terminal, or its piped stderr, is told directly
+        direct = launcher_stream() if user_terminal() is None else None
+        if direct is None:
+            self._say_now(line)
+            return
+        with contextlib.suppress(OSError):
+            direct.write(line + "\n")
+            direct.close()
 
     def interrupted_in_background(self, signum: int) -> None:
         """The watch thread, the moment SIGINT or SIGTERM arrives (Ctrl-C on
@@ -265,13 +330,13 @@ class CheckpointSession:
         if trace.enabled() and not trace.keeps_arguments():
             out.append("[WARNING] DFTRACER_ENABLE=1 without DFTRACER_INC_METADATA=1: dftracer drops every event's "
                        "arguments, so the trace has times but no bytes, files, steps or ranks; set both")
-        if self.starved_ranks:
-            t = self.topology
-            out.append(f"[WARNING] generation was limited by the CPU binding: rank(s) {_ranks(self.starved_ranks)} "
-                       f"ran at their generator thread limit with generation under {TARGET_MARGIN:g}x I/O (rank 0 "
-                       f"may run on {t.cpu_mask_size} CPU(s), its share {t.cpu_share:g}; binding: {t.binding}); "
-                       f"give each rank more CPUs: mpirun --bind-to none, or --map-by "
-                       f"ppr:{t.ranks_per_node}:node:PE=N with N CPUs per rank")
+        if self.starved_steps:
+            out.append(generation_limited_warning(self.starved_steps, self.topology))
+        if c.num_checkpoints_write and backend.chunk_warning(self.config.chunk_size):
+            out.append(backend.chunk_warning(self.config.chunk_size))
+        for phase, cpu in self.client_cpu.items():
+            out += metrics.client_cpu_warning(phase, cpu)
+        out += metrics.stall_warnings(self.stalls)
         if c.recovery_rank_shift and self.checkpointer.source_rank() == self.rank:
             out.append("[WARNING] checkpoint.recovery_rank_shift=True shifts nothing here: all "
                        f"{self.size} ranks are on one node (the shift is by ranks per node), so every rank "
@@ -287,7 +352,7 @@ class CheckpointSession:
         if self.config.is_async:
             return self._save_async(epoch, step)
         return self._checkpoint("save", epoch, step,
-                                lambda s, e, bar: self.checkpointer.save(s, e, bar, self.comm.barrier))
+                                lambda s, e, bar: self.checkpointer.save(s, e, bar, self._barrier))
 
     def load(self, epoch: int, step: int) -> list[FileStats]:
         self.drain()
@@ -312,11 +377,11 @@ class CheckpointSession:
     def _persist(self, epoch: int, step: int) -> None:
         """The background thread: the persist is this checkpoint's save (its
         window is what the save [METRIC] lines report)."""
-        start = time.time()
+        start, usage = time.time(), process_usage()
         with self._span("persist", step):
             files = self.checkpointer.persist(step, epoch, self.persister.check, self.persist_comm.Barrier)
         end = time.time()
-        self.local["save"].append(metrics.local_record(step, files, start, end))
+        self.local["save"].append(metrics.local_record(step, files, start, end, usage_since(usage)))
         self.files["save"].extend(files)
 
     def drain(self) -> None:
@@ -330,12 +395,50 @@ class CheckpointSession:
                     action: Callable[..., list[FileStats]]) -> list[FileStats]:
         with self.abort_on_error(f"checkpoint {phase} {step}"), self._progress(phase, step) as bar, \
                 self._span(phase, step):
-            start = time.time()
-            files = action(step, epoch, bar)
+            start, usage = time.time(), process_usage()
+            self.stall_watch.begin(phase, step)
+            try:
+                files = action(step, epoch, self._ticking(bar))
+            finally:
+                self.stall_watch.end()
             end = time.time()
-        self.local[phase].append(metrics.local_record(step, files, start, end))
+            usage = usage_since(usage)
+        self.local[phase].append(metrics.local_record(step, files, start, end, usage))
         self.files[phase].extend(files)
         return files
+
+    def _barrier(self) -> None:
+        """DCP's commit barrier: waiting for the other ranks is no stalled request."""
+        self.stall_watch.end()
+        try:
+            self.comm.barrier()
+        finally:
+            self.stall_watch.resume()
+
+    def _ticking(self, bar: Optional[Callable[[int], None]]) -> Callable[[int], None]:
+        """The engine's per-chunk callback: the stall watch's clock, and rank 0's bar."""
+        def tick(nbytes: int) -> None:
+            self.stall_watch.progress(nbytes)
+            if bar is not None:
+                bar(nbytes)
+        return tick
+
+    def _stalled_where(self) -> str:
+        backend = self.checkpointer.backend
+        endpoint = backend.describe().get("endpoint_url")
+        return (f"file {backend.uri(self.checkpointer.current_file)}"
+                + (f", endpoint {endpoint}" if endpoint else ""))
+
+    def _say_now(self, line: str) -> None:
+        """A line that must reach the person now: stderr, and their terminal when
+        mpirun's is one (over rank 0's progress bar, if one is drawn)."""
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+        term = user_terminal()
+        if term is not None and term is not sys.stdout:
+            with contextlib.suppress(OSError):
+                term.write("\r\033[K" + line + "\n")
+                term.close()
 
     def _span(self, what: str, step: int):
         """The trace's span of one checkpoint operation on this rank."""
@@ -394,7 +497,8 @@ class CheckpointSession:
             blocked = self.comm.gather(self.blocked, root=0)
             self.persist_comm.Free()
         for phase in PHASES:
-            gathered = self.comm.gather(self.local[phase], root=0)
+            gathered = self.comm.gather([metrics.window_part(r, self.rank, self.topology.host)
+                                         for r in self.local[phase]], root=0)
             if self.rank == 0:
                 self.windows[phase] = [metrics.global_window([g[i] for g in gathered])
                                        for i in range(len(self.local[phase]))]
@@ -405,12 +509,19 @@ class CheckpointSession:
         with self.abort_on_error("writing the results"):
             self._write_results()
         self.comm.barrier()
-        if not c.keep_files and self.rank == 0:
+        if not c.keep_files:
+            steps = list(range(1, c.num_checkpoints_write + 1))
             with self.abort_on_error("removing the checkpoints"):
-                removed = self.checkpointer.remove_written(list(range(1, c.num_checkpoints_write + 1)))
-            print(f"[INFO] keep_files=False: removed the {removed} checkpoint files this run wrote", flush=True)
+                removed = self.comm.reduce(self.checkpointer.remove_written(steps), root=0)
+            self.comm.barrier()
+            if self.rank == 0:
+                with self.abort_on_error("removing the checkpoint directories"):
+                    self.checkpointer.remove_empty_dirs(steps)
+                print(f"[INFO] keep_files=False: removed the {removed} checkpoint files this run wrote", flush=True)
         if self.rank == 0:
             records.remove_running(self)
+            if self.lease is not None:
+                self.lease.release()
         self.checkpointer.close()
         self.comm.barrier()
 
@@ -418,14 +529,25 @@ class CheckpointSession:
         totals = {p: phase_totals(self.files[p]) for p in PHASES}
         records.write_rank_stats(self, totals)
         gathered = self.comm.gather(totals, root=0)
+        stalls = self.comm.gather(self.stall_watch.stalls, root=0)
+        # an upload's close waits for its parts in flight: a held part shows there
+        lent = self.checkpointer.backend.lends_write_memory
+        slow = self.comm.gather({p: slow_requests(self.files[p], closes=lent and p == "save") for p in PHASES},
+                                root=0)
         # said only where a binding narrowed the rank's CPUs: unbound, the node's
-        # size is the limit, and RESULTS' generation / I/O line says so already
+        # size is the limit, and RESULTS' bottleneck line says so already
         bound = self.topology.binding != "none"
-        starved = self.comm.gather(bound and self.checkpointer.threads.starved, root=0)
+        steps = self.comm.gather(self.checkpointer.threads.generation_limited_steps if bound else [], root=0)
         if self.rank != 0:
             return
-        self.starved_ranks = [r for r, s in enumerate(starved) if s]
+        self.starved_steps = {r: s for r, s in enumerate(steps) if s}
+        self.stalls = [{**s, "rank": r} for r, rank_stalls in enumerate(stalls) for s in rank_stalls]
         reports = {p: phase_report([g[p] for g in gathered]) for p in PHASES}
+        for phase in PHASES:
+            if reports[phase]:
+                reports[phase]["client_cpu"] = self.client_cpu[phase] = \
+                    metrics.client_cpu(self.windows[phase], self.topology.node_cpus)
+                reports[phase]["slow_requests"] = metrics.slow_requests([s[phase] for s in slow])
         # where DLIO prints the [METRIC] lines itself, ours would repeat them under another label
         label = "[INFO] global window:" if self.dlio_reports_metrics else "[METRIC]"
         lines = [line for phase in PHASES if self.windows[phase]
@@ -438,6 +560,10 @@ class CheckpointSession:
         concurrency = self.checkpointer.concurrency()
         for phase, method in (("save", backend.write_cache_method), ("load", backend.read_cache_method)):
             lines += metrics.results_block(phase, reports[phase], method, concurrency.get(phase))
+            if reports[phase]:
+                lines += metrics.client_cpu_lines(phase, reports[phase]["client_cpu"])
+                lines += metrics.slow_request_lines(reports[phase]["slow_requests"])
+                lines += metrics.skew_lines(phase, self.windows[phase], self.stalls)
         budget = self.checkpointer.threads.describe()
         if self.local["save"]:
             how = (f"adaptive: the fewest keeping generation >= {budget['target_margin']:g}x I/O, up to "

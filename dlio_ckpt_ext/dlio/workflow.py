@@ -94,8 +94,13 @@ class CheckpointOnlyBenchmark:
         self.start_time = time.time()
         with trace.span("DLIOBenchmark._checkpoint_write", trace.APP):
             self._phase("save", c.num_checkpoints_write, self.mechanism.save_checkpoint)
+        # Rank 0 counts for all (upstream's loop walks on every rank: at 1024
+        # ranks, 1024 listings of the same folder); the others wait for its answer.
+        self.mechanism.session.drain()
+        self.comm.barrier()
         with self._abort_on_error("counting the checkpoints"):
-            present = len(self.storage.walk_node(self.args.checkpoint_folder))
+            present = self.comm.bcast(len(self.storage.walk_node(self.args.checkpoint_folder))
+                                      if self.rank == 0 else None, root=0)
             if present < c.num_checkpoints_read:
                 raise StorageError(f"{c.num_checkpoints_read} checkpoints to read but {present} present in "
                                    f"{self.storage.get_uri(self.args.checkpoint_folder)}")

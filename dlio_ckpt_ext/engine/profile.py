@@ -1,6 +1,7 @@
 """Per-file and per-phase timing records of the streaming engine."""
 from __future__ import annotations
 
+import resource
 from dataclasses import asdict, dataclass, field
 
 GiB = float(1 << 30)
@@ -18,6 +19,7 @@ class FileStats:
     fill_s: float = 0.0
     io_s: float = 0.0
     close_s: float = 0.0
+    open_s: float = 0.0  # opening it (S3: CreateMultipartUpload); part of io_s
     wait_free_s: float = 0.0
     wait_filled_s: float = 0.0
     chunks_fill_bound: int = 0
@@ -32,6 +34,41 @@ class FileStats:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def process_usage() -> tuple[float, float, int]:
+    """This process's user and system CPU seconds and minor page faults so far:
+    every thread's (the generators', the storage client's runtime, DLIO's)."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime, r.ru_stime, r.ru_minflt
+
+
+def usage_since(before: tuple[float, float, int]) -> dict:
+    """The CPU seconds and minor faults since process_usage() gave `before`."""
+    user, sys_, faults = process_usage()
+    return {"cpu_user_s": user - before[0], "cpu_sys_s": sys_ - before[1], "minor_faults": faults - before[2]}
+
+
+#: a request this many times the rank's median request time, and at least
+#: SLOW_FLOOR_S, counts as slow: what a retried request (a dropped connection,
+#: throttling, a stalled server) costs, which the storage client does not report
+SLOW_MULTIPLE, SLOW_FLOOR_S = 10.0, 1.0
+
+
+def slow_requests(files: list[FileStats], closes: bool = False) -> dict:
+    """One rank's requests of a phase (a chunk's storage time: a write, a ranged
+    read, an upload part handed over; with closes, each file's close too, where
+    it waits for uploads in flight; each file's open), and those slower than SLOW_MULTIPLE x their
+    median and SLOW_FLOOR_S, with the slowest (seconds, file)."""
+    times = sorted([(c[3], f.name) for f in files for c in f.chunks] + [(f.open_s, f.name) for f in files]
+                   + ([(f.close_s, f.name) for f in files] if closes else []))
+    if not times:
+        return {"requests": 0, "slow": 0, "median_s": 0.0, "worst_s": 0.0, "worst_file": ""}
+    median = times[len(times) // 2][0]
+    limit = max(SLOW_MULTIPLE * median, SLOW_FLOOR_S)
+    worst = times[-1]
+    return {"requests": len(times), "slow": sum(1 for s, _ in times if s > limit), "median_s": median,
+            "worst_s": worst[0], "worst_file": worst[1]}
 
 
 def busy_seconds(spans: list[tuple[float, float]]) -> float:

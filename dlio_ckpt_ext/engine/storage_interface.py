@@ -6,6 +6,7 @@ Paths are relative to the backend's root and use '/' separators.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from typing import Optional
 
 
 class Writer(ABC):
@@ -61,6 +62,8 @@ class Reader(ABC):
 class Backend(ABC):
     """A storage root: a directory, a bucket prefix, ..."""
 
+    #: True when a file needs its directory made first (object stores have none)
+    has_directories: bool = True
     #: True when every writer it opens is zero_copy: no write pool is needed
     lends_write_memory: bool = False
     #: True when its readers lend their memory: the read pool only counts requests
@@ -90,8 +93,8 @@ class Backend(ABC):
         ...
 
     @abstractmethod
-    def open_reader(self, path: str) -> Reader:
-        ...
+    def open_reader(self, path: str, size: Optional[int] = None) -> Reader:
+        """size: what the caller knows it to be (saves a request where asking costs one)."""
 
     @abstractmethod
     def list_sizes(self, directory: str) -> dict[str, int]:
@@ -106,12 +109,28 @@ class Backend(ABC):
     def delete_file(self, path: str) -> bool:
         """Delete one file or object; False if it was not there."""
 
+    def delete_files(self, paths: list[str]) -> int:
+        """Delete the files (as many per request as the storage takes); the count deleted."""
+        return sum(self.delete_file(p) for p in paths)
+
     def remove_empty_dir(self, directory: str) -> None:
         """Remove directory if it is empty (object stores have none)."""
 
     def write_concurrency(self, chunk_size: int) -> dict:
         """Writes in flight per rank: the engine writes each file's chunks in order."""
         return {"requests_in_flight": 1, "request_bytes": chunk_size}
+
+    def write_marker(self, path: str, data: bytes) -> None:
+        """A small file (a run's ownership marker), written whole, replacing any."""
+        raise NotImplementedError
+
+    def read_marker(self, path: str) -> Optional[bytes]:
+        """A small file's bytes, or None when there is none."""
+        raise NotImplementedError
+
+    def chunk_warning(self, chunk_size: int) -> Optional[str]:
+        """What a reader must know of chunks this size on this storage, if anything."""
+        return None
 
     def describe(self) -> dict:
         """Settings worth recording with a result (never credentials)."""

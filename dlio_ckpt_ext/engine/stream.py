@@ -203,7 +203,9 @@ def _send(backend: Backend, path: str, size: int, send: Callable[[Writer], list[
     files are removed (Writer.abort) before the error propagates."""
     stats = FileStats(name=path, nbytes=size, start=time.time(), gen_threads=gen_threads)
     try:
+        t0 = time.perf_counter()
         writer = backend.open_writer(path, size)
+        stats.open_s = stats.io_s = time.perf_counter() - t0  # a storage request, as the writes are
         window.opened(writer)
         chunks = send(writer)
     except BaseException:
@@ -293,11 +295,13 @@ def load_file(backend: Backend, path: str, size: int, pool: BufferPool,
     error naming the file (and the offset of the first difference).
     """
     request = request_size or pool.buffer_size
-    reader = backend.open_reader(path)
+    t0 = time.perf_counter()
+    reader = backend.open_reader(path, size)
+    opened_s = time.perf_counter() - t0
     if not reader.lends_memory and request > pool.buffer_size:
         reader.close()
         raise ValueError(f"read requests of {request} bytes do not fit the pool's {pool.buffer_size}-byte buffers")
-    stats = FileStats(name=path, nbytes=size, start=time.time())
+    stats = FileStats(name=path, nbytes=size, start=time.time() - opened_s, open_s=opened_s, io_s=opened_s)
     try:
         if not reader.lends_memory and reader.size != size:
             raise VerificationError(f"{backend.uri(path)} has {reader.size} bytes, expected {size}")

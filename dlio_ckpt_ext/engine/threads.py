@@ -106,20 +106,34 @@ class ThreadBudget:
         self.used: list[int] = []
         #: files saved at the thread limit with generation still under the target margin
         self.starved_files = 0
+        #: per checkpoint step: [bytes saved, bytes of files generation limited]
+        self._step_bytes: dict[int, list[int]] = {}
 
     @property
     def starved(self) -> bool:
-        """The rank's CPU share, not the storage, bounded generation: the adaptive
-        budget wanted another thread and had none left to give."""
-        return self.starved_files > 0
+        """Generation, not the storage, set this rank's figure for some checkpoint."""
+        return bool(self.generation_limited_steps)
 
-    def observe(self, fill_s: float, io_s: float) -> None:
-        """One saved file: its pure generation and I/O seconds."""
+    @property
+    def generation_limited_steps(self) -> list[int]:
+        """The checkpoints where this rank's CPU share bounded the measured save:
+        files at the thread limit whose generation took longer than their I/O
+        (the writer waited for bytes) carried more than half the bytes. A file
+        merely under the target margin is not one: generation still outran I/O,
+        and a handful such among many leaves the figure the storage's."""
+        return sorted(s for s, (total, limited) in self._step_bytes.items() if limited * 2 > total)
+
+    def observe(self, fill_s: float, io_s: float, nbytes: int = 0, step: int = 0) -> None:
+        """One saved file of checkpoint `step`: its pure generation and I/O seconds."""
         self.used.append(self.current)
+        sums = self._step_bytes.setdefault(step, [0, 0])
+        sums[0] += nbytes
         if self.fixed or fill_s <= 0 or io_s <= 0:
             return
         margin = io_s / fill_s  # generation rate / I/O rate for the same bytes
         t = self.current
+        if t >= self.limit and margin < 1.0:
+            sums[1] += nbytes
         if margin < TARGET_MARGIN and t >= self.limit:
             self.starved_files += 1
         if margin < TARGET_MARGIN and t < self.limit:
@@ -130,7 +144,8 @@ class ThreadBudget:
     def describe(self) -> dict:
         return {"mode": "fixed" if self.fixed else "adaptive", "limit": self.limit, "final": self.current,
                 "target_margin": None if self.fixed else TARGET_MARGIN,
-                "used_per_file": self.used, "files_at_limit_under_target": self.starved_files}
+                "used_per_file": self.used, "files_at_limit_under_target": self.starved_files,
+                "generation_limited_steps": self.generation_limited_steps}
 
 
 def gen_thread_budget(share: float, override: int = 0) -> int:

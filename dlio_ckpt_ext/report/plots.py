@@ -14,29 +14,44 @@ GiB = float(1 << 30)
 PHASE_COLOURS = {"save": "tab:blue", "load": "tab:green"}
 
 
+def _points(records: list[dict], t0: float) -> tuple[list[tuple[float, float]], list[tuple[float, float]], str]:
+    """(time, I/O GiB/s) of every file, and (time, generation GiB/s) of every chunk
+    where the run kept them (streaming.record_chunks), else of every file, with the
+    generation points' unit. I/O is per file because a chunk's own rate is one
+    request's of the many in flight (16 ranged reads, several parts): far below
+    the rank's rate and the bars under it; a file's I/O time is wall time with a
+    request in flight, so its rate is the rank's."""
+    files = [f for rec in records for f in rec["files"]]
+    io = [(f["end"] - t0, f["nbytes"] / GiB / (f["io_s"] + f["close_s"])) for f in files
+          if f["io_s"] + f["close_s"] > 0]
+    chunks = [c for f in files for c in f.get("chunks") or []]
+    if chunks:  # [offset, nbytes, fill_s, io_s, wait_free_s, wait_filled_s, done_at, produced_at]
+        return io, [(c[6] - t0, c[1] / GiB / c[2]) for c in chunks if c[2] > 0], "chunk"
+    return io, [(f["end"] - t0, f["nbytes"] / GiB / f["fill_s"]) for f in files if f["fill_s"] > 0], "file"
+
+
 def run_report(result: Result, out: Path) -> Path:
-    """Per-chunk timeline (fill and I/O GiB/s of every rank over time) above
-    per-checkpoint throughput bars."""
-    fig, (timeline, bars) = plt.subplots(2, 1, figsize=(12, 8), gridspec_kw={"height_ratios": [3, 2]})
+    """A timeline of every rank's I/O GiB/s per file and generation GiB/s per chunk
+    (per file where the run kept no chunks),
+    per-checkpoint throughput bars, and each host's throughput per checkpoint
+    (a slow node stands out below the others)."""
+    fig, (timeline, bars, hosts) = plt.subplots(3, 1, figsize=(12, 11), gridspec_kw={"height_ratios": [3, 2, 2]})
     t0 = result.summary["start_time"]
+    unit = "chunk"
     for stats in result.rank_stats:
         for phase, records in stats["phases"].items():
-            chunks = [c for rec in records for f in rec["files"] for c in f["chunks"]]
-            if not chunks:
-                continue
-            t = [c[6] - t0 for c in chunks]
-            timeline.scatter(t, [c[1] / GiB / c[3] if c[3] > 0 else 0 for c in chunks], s=6,
-                             color=PHASE_COLOURS[phase], alpha=0.6,
-                             label=f"{phase} I/O" if stats["rank"] == 0 else None)
-            fills = [(ti, c[1] / GiB / c[2]) for ti, c in zip(t, chunks) if c[2] > 0]
+            io, fills, unit = _points(records, t0)
+            if io:
+                timeline.scatter(*zip(*io), s=6, color=PHASE_COLOURS[phase], alpha=0.6,
+                                 label=f"{phase} I/O" if stats["rank"] == 0 else None)
             if fills:
                 timeline.scatter(*zip(*fills), s=6, marker="x", color="tab:orange", alpha=0.6,
                                  label=f"{phase} generation" if stats["rank"] == 0 else None)
     timeline.set_yscale("log")
     timeline.set_xlabel("seconds since the run started")
-    timeline.set_ylabel("GiB/s per chunk (log)")
-    timeline.set_title(f"{result.summary['model']}, {result.summary['ranks']} ranks: per-chunk rates of every "
-                       "rank (generation far above I/O means storage is the bottleneck)")
+    timeline.set_ylabel(f"GiB/s per rank: I/O per file, generation per {unit} (log)")
+    timeline.set_title(f"{result.summary['model']}, {result.summary['ranks']} ranks: each rank's I/O rate per file "
+                       f"and generation rate per {unit} (generation far above I/O: the storage is the bottleneck)")
     timeline.legend(loc="upper right", fontsize=8)
     width, x = 0.4, 0
     ticks = []
@@ -44,13 +59,24 @@ def run_report(result: Result, out: Path) -> Path:
         per = (result.summary.get(phase) or {}).get("per_checkpoint", [])
         xs = [x + i for i in range(len(per))]
         bars.bar(xs, [w["throughput_gib_s"] for w in per], width * 2, color=PHASE_COLOURS[phase], label=phase)
+        for xi, w in zip(xs, per):
+            for host, h in (w.get("hosts") or {}).items():
+                slow = host == w.get("slowest_host") and len(w["hosts"]) > 1
+                hosts.scatter([xi], [h["throughput_gib_s"]], s=18, color="tab:red" if slow else PHASE_COLOURS[phase])
+                if slow:
+                    hosts.annotate(host, (xi, h["throughput_gib_s"]), fontsize=7, xytext=(4, -4),
+                                   textcoords="offset points")
         ticks += [(xi, f"{phase} {w['step']}") for xi, w in zip(xs, per)]
         x += len(per) + 1
-    if ticks:
-        bars.set_xticks([t for t, _ in ticks], [label for _, label in ticks], rotation=45, fontsize=7)
+    for ax in (bars, hosts):
+        if ticks:
+            ax.set_xticks([t for t, _ in ticks], [label for _, label in ticks], rotation=45, fontsize=7)
     bars.set_ylabel("GiB/s (all ranks)")
     bars.set_title("throughput per checkpoint")
     bars.legend(fontsize=8)
+    hosts.set_ylim(bottom=0)
+    hosts.set_ylabel("GiB/s per host")
+    hosts.set_title("each host's throughput per checkpoint (its ranks' bytes over its own window; slowest in red)")
     fig.tight_layout()
     fig.savefig(out, dpi=100)
     plt.close(fig)

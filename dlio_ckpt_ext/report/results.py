@@ -1,13 +1,14 @@
 """Reading a results directory (what one run of the benchmark leaves behind)."""
 from __future__ import annotations
 
+import gzip
 import json
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from dlio_ckpt_ext.result_files import RANK_STATS_DIR, RECORD_FILE, RUNNING_FILE
+from dlio_ckpt_ext.result_files import CHUNKS_FILE, RANK_STATS_DIR, RECORD_FILE, RUNNING_FILE
 
 
 class ResultsError(Exception):
@@ -25,7 +26,7 @@ class Result:
 
     @cached_property
     def rank_stats(self) -> list[dict]:
-        return [read_json(p, ("rank", "phases")) for p in sorted((self.path / RANK_STATS_DIR).glob("rank_*.json"))]
+        return read_rank_stats(self.path)
 
     def throughput(self, phase: str) -> tuple[float, float] | None:
         p = self.summary.get(phase) or {}
@@ -49,6 +50,27 @@ def read_json(path: Path, required: tuple[str, ...] = ()) -> dict:
     if missing:
         raise ResultsError(f"{path} is damaged: it lacks {', '.join(missing)}")
     return data
+
+
+def read_rank_stats(folder: Path) -> list[dict]:
+    """Every rank's stats file; where the run kept every chunk's timings
+    (streaming.record_chunks), each file's "chunks" put back from them."""
+    out = []
+    for path in sorted((Path(folder) / RANK_STATS_DIR).glob("rank_*.json")):
+        stats = read_json(path, ("rank", "phases"))
+        detail = path.with_name(CHUNKS_FILE.format(rank=stats["rank"]))
+        if detail.exists():
+            try:
+                with gzip.open(detail, "rt") as fh:
+                    chunks = json.load(fh)["phases"]
+                for phase, recs in stats["phases"].items():
+                    for rec, per_file in zip(recs, chunks[phase]):
+                        for f, c in zip(rec["files"], per_file):
+                            f["chunks"] = c
+            except (OSError, EOFError, ValueError, KeyError, TypeError) as exc:
+                raise ResultsError(f"{detail} is incomplete or damaged: {exc}") from None
+        out.append(stats)
+    return out
 
 
 def load_result(path: str | Path) -> Result:

@@ -28,6 +28,8 @@ class CheckpointState:
     planned: dict[str, int]
     #: path -> bytes, of the planned files the storage holds
     found: dict[str, int]
+    #: multipart uploads still open below the checkpoint's directory (S3)
+    uploads: int = 0
 
     @property
     def wrong(self) -> dict[str, tuple[int | None, int]]:
@@ -44,7 +46,7 @@ class CheckpointState:
 
     @property
     def started(self) -> bool:
-        return bool(self.found)
+        return bool(self.found) or self.uploads > 0
 
 
 @dataclass
@@ -92,8 +94,13 @@ def run_state(folder: str | Path) -> RunState | None:
         states.append(state)
     uploads = []
     if ck["root"].startswith("s3://"):
+        from dlio_ckpt_ext.storage.bucket import split
         from dlio_ckpt_ext.storage.uploads import open_uploads
         uploads = open_uploads(ck["root"].rstrip("/") + "/")
+        prefix = split(ck["root"].rstrip("/"))[1]
+        for state in states:
+            below = f"{prefix}/{state.directory}/" if prefix else f"{state.directory}/"
+            state.uploads = sum(u["key"].startswith(below) for u in uploads)
     return RunState(folder, marker, states, uploads)
 
 
@@ -104,8 +111,7 @@ def remove_incomplete(state: RunState) -> tuple[int, int]:
     backend = _backend(state.marker)
     removed = 0
     for c in state.incomplete:
-        for path in c.found:
-            removed += backend.delete_file(path)
+        removed += backend.delete_files(list(c.found))
         backend.remove_empty_dir(c.directory)
     aborted = 0
     if state.open_uploads:
@@ -126,7 +132,9 @@ def describe(state: RunState, shown: int = 20) -> list[str]:
     done = [c.step for c in state.checkpoints if c.complete]
     lines.append(f"  complete (every file at its planned size): {_steps(done) if done else 'none'}")
     for c in state.incomplete:
-        lines.append(f"  checkpoint {c.step} incomplete: {c.present} of {c.present + len(c.wrong)} files complete")
+        open_note = f" ({c.uploads} open upload{'s' if c.uploads != 1 else ''})" if c.uploads else ""
+        lines.append(f"  checkpoint {c.step} incomplete{open_note}: {c.present} of {c.present + len(c.wrong)} files "
+                     "complete")
         for path, (found, size) in sorted(c.wrong.items())[:shown]:
             lines.append(f"    {'missing' if found is None else 'partial'}: {path}"
                          + ("" if found is None else f" ({found} of {size} bytes)"))

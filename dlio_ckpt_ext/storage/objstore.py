@@ -11,9 +11,11 @@ before anything touches s3dlio.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import re
-from concurrent.futures import ThreadPoolExecutor
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Optional
 
@@ -23,13 +25,27 @@ from dlio_ckpt_ext.config import parse_size
 from dlio_ckpt_ext.engine.threads import usable_cpus
 from dlio_ckpt_ext.errors import ConfigError, StorageError
 from dlio_ckpt_ext.engine.storage_interface import Backend, Reader, Writer
+from dlio_ckpt_ext.storage import bucket
+from dlio_ckpt_ext.storage.posix import entries, read_marker_file, tree_sizes, write_marker_file
 from dlio_ckpt_ext.storage.upload_janitor import WATCH
 
 SCHEMES = ("s3", "file", "direct")
-STAT_CONCURRENCY = 64  # stats in flight while taking the inventory
 _STAT_POOL = ThreadPoolExecutor(max_workers=4, thread_name_prefix="s3-size")
 UNSTREAMABLE = {"az": "its Azure writer holds the whole object in memory",
                 "gs": "it has no streaming writer for Google Cloud Storage"}
+#: how each part's payload is signed: UNSIGNED-PAYLOAD (what AWS's own CRT-based
+#: clients send, with a CRC checksum, over HTTPS) or the SHA-256 of every part,
+#: ~0.55 CPU-s per GiB on this machine (bench/cpu_bench.py)
+PAYLOAD_SIGNING = ("unsigned", "sha256")
+#: glibc maps an allocation this large or larger anew each time (its mmap threshold
+#: cannot be set higher) and unmaps it at free, so every part or GET buffer that
+#: size faults in fresh pages: one minor fault per 4 KiB (bench/cpu_bench.py)
+FRESH_PAGES_FROM = 32 << 20
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+#: storage option -> (s3dlio's environment variable, s3dlio 0.10's default)
+LIMITS = {"operation_timeout_s": ("S3DLIO_OPERATION_TIMEOUT_SECS", 60),
+          "connect_timeout_s": ("S3DLIO_CONNECT_TIMEOUT_SECS", 20),
+          "max_attempts": ("S3DLIO_MAX_RETRY_ATTEMPTS", 3)}
 _ENV = {"endpoint_url": "AWS_ENDPOINT_URL", "region": "AWS_REGION",
         "access_key_id": "AWS_ACCESS_KEY_ID", "secret_access_key": "AWS_SECRET_ACCESS_KEY"}
 
@@ -40,9 +56,14 @@ class ObjectOptions:
     region: Optional[str] = None             # default: AWS_REGION
     access_key_id: Optional[str] = None      # default: AWS_ACCESS_KEY_ID (prefer the environment)
     secret_access_key: Optional[str] = None  # default: AWS_SECRET_ACCESS_KEY (prefer the environment)
-    part_size: str = "32MiB"                 # multipart part size; keep it equal to the chunk size
+    part_size: str = "16MiB"                 # multipart part size (under 32 MiB: see FRESH_PAGES_FROM)
+    payload_signing: str = "unsigned"        # unsigned (UNSIGNED-PAYLOAD) | sha256 (each part hashed)
     max_in_flight: int = 16                  # parts of one object in client memory at once (see below)
     runtime_threads: int = 0                 # s3dlio runtime threads; 0 = the rank's CPU share
+    # s3dlio's request limits (0 = its defaults, in parentheses), set on every rank
+    operation_timeout_s: int = 0             # s3dlio's operation timeout, seconds (60)
+    connect_timeout_s: int = 0               # opening a connection (20)
+    max_attempts: int = 0                    # attempts per request, the first included (3)
     # MLCommons' DLIO fork requires storage_library with storage_type s3 (minio,
     # s3dlio or s3torchconnector: its own mechanisms' clients); this mechanism's
     # object I/O is s3dlio's, so that is the one value with a meaning here
@@ -59,31 +80,71 @@ class ObjectOptions:
         size = parse_size(key + "part_size", self.part_size)
         if size < 5 << 20:
             raise ConfigError(key + "part_size", self.part_size, "at least 5MiB (the S3 minimum part size)")
+        if self.payload_signing not in PAYLOAD_SIGNING:
+            raise ConfigError(key + "payload_signing", self.payload_signing, " or ".join(PAYLOAD_SIGNING))
         if self.max_in_flight < 1:
             raise ConfigError(key + "max_in_flight", self.max_in_flight, "a positive integer")
-        if self.runtime_threads < 0:
-            raise ConfigError(key + "runtime_threads", self.runtime_threads, "0 (automatic) or more")
+        for name in ("runtime_threads", *LIMITS):
+            if isinstance(getattr(self, name), bool) or getattr(self, name) < 0:
+                raise ConfigError(key + name, getattr(self, name), "0 (s3dlio's default) or a positive integer")
+
+    def limits(self) -> dict[str, int]:
+        """The request limits in force: ours where set, else the environment's, else s3dlio's."""
+        return {name: getattr(self, name) or int(os.environ.get(env, default))
+                for name, (env, default) in LIMITS.items()}
 
 
 _NOT_FOUND = re.compile(r"not ?found|NoSuchKey|\b404\b", re.IGNORECASE)
 
 
-def _error(uri: str, action: str, exc: BaseException) -> StorageError:
+_GONE = re.compile(r"connection refused|connection reset|broken pipe|error trying to connect|dispatch failure",
+                   re.IGNORECASE)
+_UNSIGNED_REFUSED = re.compile(r"UNSIGNED|content-?sha256|NotImplemented|MissingContentLength", re.IGNORECASE)
+
+
+def _error(uri: str, action: str, exc: BaseException, waited: Optional[float] = None) -> StorageError:
     text = str(exc)
+    if waited is not None and re.search(r"time ?d? ?out|timeout", text, re.IGNORECASE):
+        # s3dlio names its per-attempt limit; what the rank really waited, attempts included, is this
+        text += (f" (waited {waited:.1f} s in all, up to {os.environ.get(LIMITS['max_attempts'][0], '3')} "
+                 "attempts; storage_options operation_timeout_s / max_attempts)")
     if isinstance(exc, s3dlio.ObjectNotFoundError) or _NOT_FOUND.search(text):
         return StorageError(f"missing checkpoint file {uri}")
+    if _GONE.search(text):
+        # s3dlio's own hint (check the endpoint URL) misleads when the endpoint answered until now
+        return StorageError(f"{action} {uri}: the endpoint {os.environ.get('AWS_ENDPOINT_URL') or '(default)'} "
+                            f"stopped answering ({_GONE.search(text)[0].lower()}); s3dlio said: {text}")
+    if os.environ.get("S3DLIO_UNSIGNED_PAYLOAD") == "1" and _UNSIGNED_REFUSED.search(text):
+        return StorageError(f"{action} {uri}: the endpoint refused unsigned payloads ({text}); set "
+                            "workload.storage.storage_options.payload_signing=sha256")
     return StorageError(f"{action} {uri}: {text}")
+
+
+def reuse_freed_memory() -> bool:
+    """Keep the memory of s3dlio's freed part and GET buffers for the next ones:
+    glibc's default unmaps a freed allocation above its (sliding) mmap threshold
+    and trims the heap, so the next buffer faults in fresh pages. A fixed
+    threshold at glibc's maximum and no trimming halve the faults of 8 MiB GETs
+    (bench/cpu_bench.py). The process keeps its high-water mark of buffers, which
+    the memory check already counts."""
+    try:
+        libc = ctypes.CDLL(None)
+        return bool(libc.mallopt(_M_MMAP_THRESHOLD, FRESH_PAGES_FROM)) and \
+            bool(libc.mallopt(_M_TRIM_THRESHOLD, 1 << 30))
+    except (OSError, AttributeError):  # not glibc
+        return False
 
 
 @contextlib.contextmanager
 def _errors(uri: str, action: str):
     """s3dlio raises plain RuntimeErrors: turn them into StorageErrors naming the object."""
+    start = time.monotonic()
     try:
         yield
     except StorageError:
         raise
     except Exception as exc:  # noqa: BLE001 - s3dlio's errors have no common base
-        raise _error(uri, action, exc) from exc
+        raise _error(uri, action, exc, time.monotonic() - start) from exc
 
 
 def s3dlio_in_flight(max_in_flight: int) -> int:
@@ -167,14 +228,21 @@ class StreamWriter(Writer):
 
 
 class ObjectReader(Reader):
-    """Ranged GETs whose bytes stay in s3dlio's memory (no copy). The size is
-    asked for in the background, so the first GETs do not wait a round trip
-    for it; a missing object fails the first GET."""
+    """Ranged GETs whose bytes stay in s3dlio's memory (no copy). A size the
+    caller knows (the plan's) costs no request: the GET that ends there asks
+    for one byte more, so a shorter object ends a GET early and a longer one
+    returns that byte (and only then is its size asked for, to say it).
+    Otherwise the size is asked for in the background, so the first GETs do not
+    wait a round trip for it; a missing object fails the first GET."""
     lends_memory = True
 
-    def __init__(self, uri: str) -> None:
-        self.uri = uri
-        self._size = _STAT_POOL.submit(self._stat)
+    def __init__(self, uri: str, size: Optional[int] = None) -> None:
+        self.uri, self.planned = uri, size
+        self._size: Future = Future()
+        if size is None:
+            self._size = _STAT_POOL.submit(self._stat)
+        else:
+            self._size.set_result(size)
 
     def _stat(self) -> int:
         with _errors(self.uri, "cannot stat"):
@@ -185,8 +253,13 @@ class ObjectReader(Reader):
         return self._size.result()
 
     def read(self, offset: int, length: int) -> memoryview:
+        probe = self.planned is not None and offset + length == self.planned
         with _errors(self.uri, "cannot read"):
-            return memoryview(s3dlio.get_range(self.uri, offset, length))
+            data = memoryview(s3dlio.get_range(self.uri, offset, length + probe))
+        if probe and len(data) > length:  # longer than planned: its real size, for the error
+            self._size = _STAT_POOL.submit(self._stat)
+            return data[:length]
+        return data
 
     def readinto(self, offset: int, buf: memoryview, length: int) -> int:
         data = self.read(offset, length)
@@ -215,6 +288,7 @@ class ObjectBackend(Backend):
         self.root, self.scheme, self.opts = root.rstrip("/"), scheme, opts
         self.lends_write_memory = scheme == "s3"  # multipart parts are filled in place
         self.lends_read_memory = True  # ranged GETs are read where s3dlio put them
+        self.has_directories = scheme != "s3"
         self.part_size = parse_size("part_size", opts.part_size)
         share = usable_cpus() if cpu_share is None else cpu_share
         self.runtime_threads = opts.runtime_threads or max(1, int(share + 1e-9))
@@ -223,6 +297,14 @@ class ObjectBackend(Backend):
             if getattr(opts, key):
                 os.environ[env] = getattr(opts, key)
         os.environ["S3DLIO_RT_THREADS"] = str(self.runtime_threads)
+        for name, (env, _) in LIMITS.items():
+            if getattr(opts, name):
+                os.environ[env] = str(getattr(opts, name))
+        if opts.payload_signing == "unsigned":
+            os.environ["S3DLIO_UNSIGNED_PAYLOAD"] = "1"
+        else:
+            os.environ.pop("S3DLIO_UNSIGNED_PAYLOAD", None)
+        self.freed_memory_reused = reuse_freed_memory()
         if scheme == "s3":
             WATCH.start()  # now (not in the first timed save), with the credentials just set
         local = scheme in ("file", "direct")
@@ -239,7 +321,7 @@ class ObjectBackend(Backend):
     def prepare(self, directory: str) -> None:
         if self.scheme in ("file", "direct"):
             try:
-                os.makedirs(self.uri(directory).split("://", 1)[1], exist_ok=True)
+                os.makedirs(self._local(directory), exist_ok=True)
             except OSError as exc:
                 raise StorageError(f"cannot create directory {self.uri(directory)}: {exc.strerror}") from exc
 
@@ -256,24 +338,42 @@ class ObjectBackend(Backend):
             return ObjectWriter(self.uri(path), self.part_size, self.opts.max_in_flight, size)
         return StreamWriter(self.uri(path), size)
 
-    def open_reader(self, path: str) -> Reader:
-        return ObjectReader(self.uri(path))
+    def open_reader(self, path: str, size: Optional[int] = None) -> Reader:
+        return ObjectReader(self.uri(path), size)
+
+    def _local(self, path: str = "") -> str:
+        """file:// and direct://: the local path of `path`."""
+        return self.uri(path).split("://", 1)[1]
 
     def list_sizes(self, directory: str) -> dict[str, int]:
-        """One listing, then the sizes with STAT_CONCURRENCY stats in flight: a
-        1T run's 20,480 objects cost objects / concurrency round trips, not one
-        round trip each (s3dlio's listing carries no sizes)."""
-        prefix = self.uri(directory) + "/"
-        with _errors(prefix, "cannot list"):
-            uris = s3dlio.list(prefix, recursive=True)
+        """S3: the listing's own sizes (ListObjectsV2, 1,000 objects a request; no HEAD)."""
+        if self.scheme != "s3":
+            return tree_sizes(self._local(), directory)
+        found = bucket.sizes(self.uri(directory) + "/")
+        prefix = bucket.split(self.root)[1]
+        prefix = prefix + "/" if prefix else ""
+        return {key[len(prefix):]: size for key, size in found.items()}
 
-        def size(uri: str) -> int:
-            with _errors(uri, "cannot stat"):
-                return int(s3dlio.stat(uri)["size"])
+    def children(self, directory: str) -> list[str]:
+        """S3: one delimiter listing of names (no HEAD)."""
+        if self.scheme != "s3":
+            return entries(self._local(directory))
+        return bucket.names(self.uri(directory).rstrip("/") + "/")
 
-        with ThreadPoolExecutor(max_workers=max(1, min(STAT_CONCURRENCY, len(uris)))) as pool:
-            sizes = dict(zip(uris, pool.map(size, uris)))
-        return {u[len(self.root) + 1:]: s for u, s in sizes.items()}
+    def delete_files(self, paths: list[str]) -> int:
+        """S3: DeleteObjects, 1,000 keys a request."""
+        if self.scheme != "s3":
+            return super().delete_files(paths)
+        return bucket.delete([self.uri(p) for p in paths])
+
+    def write_marker(self, path: str, data: bytes) -> None:
+        if self.scheme == "s3":
+            bucket.put(self.uri(path), data)
+        else:
+            write_marker_file(self._local(path), data)
+
+    def read_marker(self, path: str) -> Optional[bytes]:
+        return bucket.get(self.uri(path)) if self.scheme == "s3" else read_marker_file(self._local(path))
 
     def delete_file(self, path: str) -> bool:
         uri = self.uri(path)
@@ -288,7 +388,7 @@ class ObjectBackend(Backend):
     def remove_empty_dir(self, directory: str) -> None:
         if self.scheme in ("file", "direct"):
             try:
-                os.rmdir(self.uri(directory).split("://", 1)[1])
+                os.rmdir(self._local(directory))
             except OSError:
                 pass
 
@@ -303,4 +403,13 @@ class ObjectBackend(Backend):
                 "endpoint_url": os.environ.get("AWS_ENDPOINT_URL"), "region": os.environ.get("AWS_REGION"),
                 "part_size": self.part_size, "max_in_flight": self.opts.max_in_flight,
                 "s3dlio_max_in_flight": s3dlio_in_flight(self.opts.max_in_flight),
-                "s3dlio_runtime_threads": self.runtime_threads, **super().describe()}
+                "s3dlio_runtime_threads": self.runtime_threads, "payload_signing": self.opts.payload_signing,
+                **self.opts.limits(),
+                "freed_memory_reused": self.freed_memory_reused, **super().describe()}
+
+    def chunk_warning(self, chunk_size: int) -> Optional[str]:
+        if self.scheme != "s3" or chunk_size < FRESH_PAGES_FROM:
+            return None
+        return (f"[WARNING] streaming.chunk_size {chunk_size >> 20} MiB on S3: s3dlio allocates each part that "
+                f"size anew, and glibc maps {FRESH_PAGES_FROM >> 20} MiB or more fresh each time (a page fault per "
+                "4 KiB: client CPU the storage does not cost); keep it under 32 MiB (default: the part size, 16 MiB)")

@@ -10,6 +10,7 @@ from typing import Optional
 
 from dlio_ckpt_ext.engine.buffers import PAGE
 from dlio_ckpt_ext.errors import ConfigError, StorageError
+from dlio_ckpt_ext.result_files import OWNER_FILE
 from dlio_ckpt_ext.engine.storage_interface import Backend, Reader, Writer
 
 IO_MODES = ("direct", "buffered")
@@ -153,6 +154,46 @@ class PosixReader(Reader):
         os.close(self.fd)
 
 
+def tree_sizes(root: str, directory: str) -> dict[str, int]:
+    """Sizes of every file below root/directory, keyed by path relative to root."""
+    sizes = {}
+    for dirpath, _, names in os.walk(os.path.join(root, directory)):
+        for name in names:
+            full = os.path.join(dirpath, name)
+            sizes[os.path.relpath(full, root)] = os.path.getsize(full)
+    return sizes
+
+
+def entries(path: str) -> list[str]:
+    """The names in directory `path` (none if it is not there), a run's owner marker left out."""
+    try:
+        return sorted(n for n in os.listdir(path) if n != OWNER_FILE)
+    except FileNotFoundError:
+        return []
+
+
+def write_marker_file(path: str, data: bytes) -> None:
+    """Written beside, then renamed over: a reader sees the old marker or the new one."""
+    tmp = f"{path}.{os.getpid()}.tmp"
+    try:
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+        os.replace(tmp, path)
+    except OSError as exc:
+        raise _os_error(path, "cannot write", exc) from exc
+
+
+def read_marker_file(path: str) -> Optional[bytes]:
+    try:
+        with open(path, "rb") as fh:
+            return fh.read()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise _os_error(path, "cannot read", exc) from exc
+
+
 class PosixBackend(Backend):
     def __init__(self, root: str, opts: PosixOptions, fsync: bool = True, storage_type: str = "local_fs") -> None:
         self.root, self.opts, self.fsync = os.path.abspath(root), opts, fsync
@@ -184,16 +225,17 @@ class PosixBackend(Backend):
     def open_writer(self, path: str, size: int) -> Writer:
         return PosixWriter(self._path(path), self.opts, self.fsync)
 
-    def open_reader(self, path: str) -> Reader:
+    def open_reader(self, path: str, size: Optional[int] = None) -> Reader:
         return PosixReader(self._path(path), self.opts)
 
     def list_sizes(self, directory: str) -> dict[str, int]:
-        sizes = {}
-        for dirpath, _, names in os.walk(self._path(directory)):
-            for name in names:
-                full = os.path.join(dirpath, name)
-                sizes[os.path.relpath(full, self.root)] = os.path.getsize(full)
-        return sizes
+        return tree_sizes(self.root, directory)
+
+    def write_marker(self, path: str, data: bytes) -> None:
+        write_marker_file(self._path(path), data)
+
+    def read_marker(self, path: str) -> Optional[bytes]:
+        return read_marker_file(self._path(path))
 
     def delete_file(self, path: str) -> bool:
         try:
@@ -211,10 +253,7 @@ class PosixBackend(Backend):
             pass  # not empty (files we did not write stay), or already gone
 
     def children(self, directory: str) -> list[str]:
-        try:
-            return sorted(os.listdir(self._path(directory)))
-        except FileNotFoundError:
-            return []
+        return entries(self._path(directory))
 
     def describe(self) -> dict:
         return {"storage_type": self.storage_type, "root": self.root,

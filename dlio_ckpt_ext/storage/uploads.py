@@ -11,29 +11,18 @@ the same AWS_* environment (AWS_ENDPOINT_URL, credentials, AWS_REGION).
 """
 from __future__ import annotations
 
-import os
-
 from dlio_ckpt_ext.errors import StorageError
-
-
-def _client():
-    import boto3
-    from botocore.config import Config
-    return boto3.client("s3", endpoint_url=os.environ.get("AWS_ENDPOINT_URL") or None,
-                        region_name=os.environ.get("AWS_REGION") or "us-east-1",
-                        config=Config(s3={"addressing_style": "path"}, retries={"max_attempts": 3}))
+from dlio_ckpt_ext.storage.bucket import client, split
 
 
 def open_uploads(uri: str) -> list[dict]:
     """[{key, upload_id, initiated}] of the multipart uploads open under s3://bucket/prefix."""
-    if not uri.startswith("s3://"):
-        raise StorageError(f"{uri}: give an s3://bucket/prefix URI")
-    bucket, _, prefix = uri[len("s3://"):].partition("/")
-    client = _client()
+    bucket, prefix = split(uri)
+    c = client()
     out, kwargs = [], {"Bucket": bucket, "Prefix": prefix}
     try:
         while True:
-            page = client.list_multipart_uploads(**kwargs)
+            page = c.list_multipart_uploads(**kwargs)
             out += [{"key": u["Key"], "upload_id": u["UploadId"], "initiated": str(u.get("Initiated"))}
                     for u in page.get("Uploads", [])]
             if not page.get("IsTruncated"):
@@ -44,8 +33,8 @@ def open_uploads(uri: str) -> list[dict]:
 
 
 def abort_uploads(uri: str, uploads: list[dict]) -> int:
-    bucket = uri[len("s3://"):].partition("/")[0]
-    client = _client()
+    bucket = split(uri)[0]
+    c = client()
     for u in uploads:
-        client.abort_multipart_upload(Bucket=bucket, Key=u["key"], UploadId=u["upload_id"])
+        c.abort_multipart_upload(Bucket=bucket, Key=u["key"], UploadId=u["upload_id"])
     return len(uploads)

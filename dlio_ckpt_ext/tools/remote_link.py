@@ -8,7 +8,7 @@ each direction (pipelined: the delay does not cut throughput by itself), and
 each connection's direction is paced to `rate_mb_s` (MB = 10^6 bytes). The
 kernel's `tc netem` would do the same, where it is available.
 
-    python -m dlio_ckpt_ext.remote_link --target 127.0.0.1:8333 --latency-ms 10 --rate-mb-s 40
+    python -m dlio_ckpt_ext.tools.remote_link --target 127.0.0.1:8333 --latency-ms 10 --rate-mb-s 40
     (prints the address it listens on, then serves until killed)
 
 Loopback only: it listens on and connects to 127.0.0.1 addresses alone.
@@ -129,7 +129,7 @@ class RunningLink:
 
 def start_link(target_port: int, spec: LinkSpec, timeout: float = 20) -> RunningLink:
     """The proxy in a process of its own (its CPU must not be the benchmark's GIL)."""
-    proc = subprocess.Popen([sys.executable, "-m", "dlio_ckpt_ext.remote_link", "--target",
+    proc = subprocess.Popen([sys.executable, "-m", "dlio_ckpt_ext.tools.remote_link", "--target",
                              f"{LOOPBACK}:{target_port}", "--latency-ms", str(spec.latency_ms),
                              "--rate-mb-s", str(spec.rate_mb_s)],
                             stdout=subprocess.PIPE, text=True, start_new_session=True)

@@ -40,6 +40,8 @@ class Checkpointer:
         self.staged_fill_s: dict[str, float] = {}
         #: told of every chunk and file when a trace is being written
         self.tracer: Optional[Tracer] = None
+        #: the file being written or read now (its path below the root)
+        self.current_file = ""
 
     @property
     def gen_threads(self) -> int:
@@ -158,10 +160,20 @@ class Checkpointer:
             if self.cfg.streaming.verify:
                 pool.scratch(self.cfg.read_size)
 
-    def _prepare(self, directory: str) -> None:
-        mine = self.rank_plan(self.rank)
-        if mine.files or mine.commit_files:
+    def _prepare(self, directory: str, barrier: Optional[Callable[[], None]]) -> None:
+        """The checkpoint's directory, made by rank 0 while the others wait at
+        `barrier` (a metadata server sees one mkdir, not one per rank); without
+        a barrier each rank that writes makes it. Object stores need none."""
+        if not self.backend.has_directories:
+            return
+        if barrier is None:
+            mine = self.rank_plan(self.rank)
+            if mine.files or mine.commit_files:
+                self.backend.prepare(directory)
+            return
+        if self.rank == 0:
             self.backend.prepare(directory)
+        barrier()
 
     def _spans(self, step: int) -> Optional[SpanSink]:
         return self.tracer.chunk_sink(step) if self.tracer else None
@@ -183,20 +195,25 @@ class Checkpointer:
         saved = []
         try:
             for f in files:
-                closed = send_file(self.backend, f"{directory}/{f.name}", f.size,
+                closed = send_file(self.backend, self._named(f"{directory}/{f.name}"), f.size,
                                    self.content(directory, self.rank, f.name), self.write_buffers(),
                                    self.gen_threads, progress, window, self._spans(step))
-                saved += self._traced(step, "save", self._observed(closed))
-            saved += self._traced(step, "save", self._observed(window.close_all()))
+                saved += self._traced(step, "save", self._observed(closed, step))
+            saved += self._traced(step, "save", self._observed(window.close_all(), step))
         except BaseException:
             window.abort()
             raise
         return saved
 
-    def _observed(self, closed: list[FileStats]) -> list[FileStats]:
+    def _named(self, path: str) -> str:
+        """The file being written or read now, for whoever must name it (a stall)."""
+        self.current_file = path
+        return path
+
+    def _observed(self, closed: list[FileStats], step: int) -> list[FileStats]:
         """Files closed: their fill and I/O time tell the thread chooser."""
         for stats in closed:
-            self.threads.observe(stats.fill_s, stats.io_s + stats.close_s)
+            self.threads.observe(stats.fill_s, stats.io_s + stats.close_s, stats.nbytes, step)
         return closed
 
     def _commit(self, directory: str, barrier: Optional[Callable[[], None]], progress: Progress,
@@ -218,7 +235,7 @@ class Checkpointer:
         """Generate and write this rank's files; with the dcp layout, `barrier`
         (every rank's) brackets the commit."""
         directory = self.directory(step, epoch)
-        self._prepare(directory)
+        self._prepare(directory, barrier)
         return self._save_generated(directory, self.files(self.rank), progress, step) + \
             self._commit(directory, barrier, progress, step)
 
@@ -240,7 +257,7 @@ class Checkpointer:
                 barrier: Optional[Callable[[], None]] = None) -> list[FileStats]:
         """Async mode, in the background: write the staged files, then commit."""
         directory = self.directory(step, epoch)
-        self._prepare(directory)
+        self._prepare(directory, barrier)
         area = self.staging_area()
         saved = []
         for f in self.files(self.rank):
@@ -257,7 +274,7 @@ class Checkpointer:
         st = self.cfg.streaming
         pool = self.read_buffers()
         return [self._traced(step, "load", [load_file(
-                    self.backend, f"{directory}/{f.name}", f.size, pool,
+                    self.backend, self._named(f"{directory}/{f.name}"), f.size, pool,
                     self.content(directory, 0 if f.kind == "metadata" else src, f.name) if st.verify else None,
                     self.cfg.read_parallelism, self.gen_threads, progress, self.cfg.read_size,
                     self._spans(step))])[0]
@@ -284,15 +301,18 @@ class Checkpointer:
         return result
 
     def remove_written(self, steps: list[int], epoch: int = 1) -> int:
-        """Delete exactly the files the plan says this run wrote (all ranks),
-        then their step directories if that left them empty: never anything
-        else that the checkpoint folder holds. Returns the files deleted."""
-        removed = 0
-        for path in self.expected_sizes(steps, epoch):
-            removed += self.backend.delete_file(path)
+        """Delete exactly the files this rank wrote in the given checkpoints (as
+        many a request as the storage takes): every rank its own, so cleanup
+        lasts the slowest rank's share. Returns the files deleted."""
+        mine = self.rank_plan(self.rank)
+        return self.backend.delete_files([f"{self.directory(s, epoch)}/{f.name}" for s in steps
+                                          for f in mine.files + mine.commit_files])
+
+    def remove_empty_dirs(self, steps: list[int], epoch: int = 1) -> None:
+        """After every rank's remove_written, on one rank: the step directories that
+        left empty (never one holding files this run did not write)."""
         for step in steps:
             self.backend.remove_empty_dir(self.directory(step, epoch))
-        return removed
 
     def close(self) -> None:
         for pool in (self.pool, self.read_pool, self.staging):

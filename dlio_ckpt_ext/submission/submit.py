@@ -3,7 +3,7 @@
 Checks the CLOSED rules for the preset, host list and ranks per host, runs
 the write invocation, drops every host's page cache when it can (root),
 starts the read invocation, and writes the submission tree MLCommons'
-checker reads (submission_tree.py), with results.json (the submission's
+checker reads (tree.py), with results.json (the submission's
 summary, the gap between the invocations included) in the model folder:
 
   dlio-ckpt-submit --model llama3-8b --hosts node1,node2 --num-processes 8 --org ORG --system SYS \\
@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from dlio_ckpt_ext import plan
-from dlio_ckpt_ext import submission_tree as tree
+from dlio_ckpt_ext.submission import tree
 from dlio_ckpt_ext.config import RunConfig, load_config
 from dlio_ckpt_ext.result_files import RECORD_FILE
 from dlio_ckpt_ext.errors import ConfigError
@@ -354,7 +354,7 @@ def run_submission(sub: Submission, place: Place, cfg: RunConfig, violations: li
 def drop_caches(sub: Submission, extra: list[str]) -> tuple[bool, str]:
     if os.geteuid() != 0:
         return False, "not root: page cache not dropped; reads use O_DIRECT or posix_fadvise(DONTNEED)"
-    cmd = mpirun(sub, 1, [sys.executable, "-m", "dlio_ckpt_ext.dropcache"], extra)
+    cmd = mpirun(sub, 1, [sys.executable, "-m", "dlio_ckpt_ext.submission.dropcache"], extra)
     res = subprocess.run(cmd, capture_output=True, text=True)
     if res.returncode != 0:
         return False, f"page cache not dropped ({res.stderr.strip().splitlines()[-1:]}); reads rely on O_DIRECT"

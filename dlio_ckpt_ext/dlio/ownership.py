@@ -1,0 +1,144 @@
+"""A live run owns its output folder and its checkpoint folder.
+
+Rank 0 claims each with a marker (OWNER_FILE: run id, host, pid, start time and
+a heartbeat it renews every HEARTBEAT_S) before any checkpoint I/O. A folder
+whose marker is another live run's is refused in one line naming the folder and
+that run. A marker is stale, and taken over with a warning, when its pid is not
+running on this host or its heartbeat is older than STALE_AFTER_S (a crashed
+run, on any host). Object stores have no create-if-absent every server honours,
+so a claim is written, left to settle, then read back: of two runs claiming at
+once, only the last writer reads its own id and goes on.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import socket
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+from dlio_ckpt_ext.errors import ConfigError
+from dlio_ckpt_ext.result_files import OWNER_FILE
+
+HEARTBEAT_S = 10.0
+STALE_AFTER_S = 3 * HEARTBEAT_S
+SETTLE_S = 0.5
+
+
+@dataclass
+class Folder:
+    """Where a marker lives: the config key and value naming the folder, and its I/O."""
+    key: str
+    value: str
+    write: Callable[[bytes], None]
+    read: Callable[[], Optional[bytes]]
+    remove: Callable[[], object]
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's live process
+        return True
+    return True
+
+
+def _utc(t: float) -> str:
+    return datetime.datetime.fromtimestamp(t, datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def stale_reason(owner: dict, now: float, host: str) -> Optional[str]:
+    """Why a marker no longer means a live run, or None when it does."""
+    if owner.get("host") == host and not _pid_alive(int(owner.get("pid", 0))):
+        return f"pid {owner.get('pid')} is not running on {host}"
+    age = now - float(owner.get("heartbeat", 0))
+    if age > STALE_AFTER_S:
+        return f"no heartbeat for {age:.0f} s"
+    return None
+
+
+def _who(owner: dict, now: float) -> str:
+    return (f"the run started {owner.get('start_time_utc')} by pid {owner.get('pid')} on host {owner.get('host')} "
+            f"(heartbeat {now - float(owner.get('heartbeat', 0)):.0f} s ago)")
+
+
+class Lease:
+    """Rank 0's claim on its folders, renewed until released."""
+
+    def __init__(self, start_time: float) -> None:
+        self.me = {"run_id": uuid.uuid4().hex, "host": socket.gethostname(), "pid": os.getpid(),
+                   "start_time_utc": _utc(start_time), "heartbeat": time.time()}
+        self.folders: list[Folder] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+
+    def _payload(self) -> bytes:
+        return json.dumps({**self.me, "heartbeat": time.time()}).encode()
+
+    def claim(self, folder: Folder) -> list[str]:
+        """Own `folder` or raise ConfigError naming it and its live owner; the
+        warnings of a stale marker taken over."""
+        warnings = []
+        now = time.time()
+        current = _parse(folder.read())
+        if current and current.get("run_id") != self.me["run_id"]:
+            reason = stale_reason(current, now, self.me["host"])
+            if reason is None:
+                raise ConfigError(folder.key, folder.value, f"a folder no live run uses ({_who(current, now)} is "
+                                                            "using it; wait for it, or choose another folder)")
+            warnings.append(f"[WARNING] {folder.key}={folder.value!r}: taking over from {_who(current, now)}: "
+                            f"its marker is stale ({reason}; a run that did not finish, see dlio-ckpt-report status)")
+        folder.write(self._payload())
+        time.sleep(SETTLE_S)
+        back = _parse(folder.read())
+        if back.get("run_id") != self.me["run_id"]:
+            raise ConfigError(folder.key, folder.value, f"a folder no live run uses ({_who(back, time.time())} "
+                                                        "claimed it at the same moment)")
+        with self._lock:
+            self.folders.append(folder)
+        self._start()
+        return warnings
+
+    def _start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._beat, name="owner-heartbeat", daemon=True)
+            self._thread.start()
+
+    def _beat(self) -> None:
+        while not self._stop.wait(HEARTBEAT_S):
+            with self._lock:
+                folders = list(self.folders)
+            for folder in folders:
+                try:
+                    folder.write(self._payload())
+                except Exception:  # noqa: BLE001 - a failed beat shows as staleness, the run goes on
+                    pass
+
+    def release(self) -> None:
+        """The run ended: its markers go, where they are still its own."""
+        self._stop.set()
+        with self._lock:
+            folders, self.folders = self.folders, []
+        for folder in folders:
+            try:
+                if _parse(folder.read()).get("run_id") == self.me["run_id"]:
+                    folder.remove()
+            except Exception:  # noqa: BLE001 - a marker left behind goes stale
+                pass
+
+
+def _parse(data: Optional[bytes]) -> dict:
+    if not data:
+        return {}
+    try:
+        out = json.loads(data)
+    except ValueError:
+        return {}
+    return out if isinstance(out, dict) else {}

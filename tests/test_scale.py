@@ -1,0 +1,77 @@
+"""What a run costs besides its bytes as the ranks grow, counted where it lands:
+a real SeaweedFS's own request counters (bench/scale_bench.py extrapolates the
+same census to 1024 ranks, docs/benchmarks.md)."""
+import pytest
+
+from conftest import BUCKET
+from dlio_run import run_dlio
+
+RANKS = (1, 4, 8)
+SHRINK = ["++workload.model.num_layers=2", "++workload.model.transformer.hidden_size=256",
+          "++workload.model.transformer.ffn_hidden_size=512", "++workload.model.transformer.vocab_size=1024",
+          "++workload.model.transformer.num_attention_heads=4", "++workload.model.transformer.num_kv_heads=2"]
+TWO_TWO = ["++workload.checkpoint.num_checkpoints_write=2", "++workload.checkpoint.num_checkpoints_read=2"]
+#: SeaweedFS counts a HEAD as a GET answered 200; the run's reads are all ranged (206)
+NON_DATA = ("LIST", "GET 200", "DELETE", "HEAD")
+#: rank 0's owner marker of the checkpoint folder (dlio/ownership.py), at any scale: read
+#: back after its claim and before its removal (whole GETs), and removed (one DELETE)
+MARKER_GETS, MARKER_DELETES = 2, 1
+
+
+@pytest.fixture(scope="module")
+def census(s3, tmp_path_factory):
+    """Each rank count's requests by kind, for 2 saves + 2 loads with keep_files=False."""
+    workdir = tmp_path_factory.mktemp("census")
+    counts = {}
+    for n in RANKS:
+        before = s3.request_counts()
+        run = run_dlio(workdir, n, "llama3_tiny_checkpoint", *SHRINK, *TWO_TWO,
+                       "++workload.checkpoint.keep_files=False", "++workload.storage.storage_type=s3",
+                       f"++workload.storage.storage_root=s3://{BUCKET}/census", env=s3.env(),
+                       checkpoint_folder=f"r{n}", out=f"out{n}")
+        assert run.returncode == 0, run.stderr[-3000:]
+        after = s3.request_counts()
+        counts[n] = {k: after[k] - before.get(k, 0) for k in after if after[k] != before.get(k, 0)}
+        counts[n]["objects"] = run.record()["inventory"]["expected"]
+        assert f"removed the {counts[n]['objects']} checkpoint files" in run.stdout
+    assert s3.client().list_objects_v2(Bucket=BUCKET, Prefix="census/").get("KeyCount", 0) == 0  # all deleted
+    return counts
+
+
+def test_listings_heads_and_deletes_grow_at_most_linearly_with_the_ranks(census):
+    non_data = {n: sum(c.get(k, 0) for k in NON_DATA) for n, c in census.items()}
+    for n, c in census.items():
+        # the plan knows every size: no HEAD; the only whole GETs are rank 0's marker's
+        assert c.get("GET 200", 0) == MARKER_GETS and c.get("HEAD", 0) == 0, (n, c)
+        # rank 0's probe, its count of the checkpoints, its inventory of each: the same at any scale
+        assert c["LIST"] == census[1]["LIST"] <= 4, (n, c)
+    # per rank added: its one delete request, nothing else
+    assert non_data[8] - non_data[1] == 7, census
+    assert non_data[8] <= 8 * non_data[1], census
+
+
+def test_each_rank_deletes_its_own_files_in_one_request_of_many_keys(census):
+    for n, c in census.items():
+        assert c["DELETE"] == n + MARKER_DELETES, (n, c)
+        assert c["objects"] / n == 4  # 2 checkpoints x (model, optimizer) a rank, in its one request
+
+
+def test_a_run_of_many_files_and_chunks_a_rank_keeps_its_output_folder_small(workdir):
+    # 1T-shaped (pipeline stages of many layer files, ZeRO-1), scaled down:
+    # 4 ranks x ~10 files x 5 checkpoints each way, in 1 MiB chunks
+    run = run_dlio(workdir, 4, "llama3_tiny_checkpoint", "++workload.model.num_layers=32",
+                   "++workload.model.parallelism.pipeline=4", "++workload.model.parallelism.zero_stage=1",
+                   "++workload.model.transformer.hidden_size=256", "++workload.model.transformer.ffn_hidden_size=896",
+                   "++workload.model.transformer.vocab_size=1024", "++workload.model.transformer.num_attention_heads=4",
+                   "++workload.checkpoint.num_checkpoints_write=5", "++workload.checkpoint.num_checkpoints_read=5",
+                   "++workload.streaming.chunk_size=1MiB", "++workload.checkpoint.keep_files=False")
+    assert run.returncode == 0, run.stderr[-3000:]
+    stats = run.rank_stats()
+    files = [f for r in stats for p in ("save", "load") for rec in r["phases"][p] for f in rec["files"]]
+    planned = run.record()["inventory"]["expected"]  # every file of the 5 checkpoints
+    assert len(files) == 2 * planned and planned / 5 / 4 >= 9
+    chunks = sum(f["chunk_count"] for f in files)
+    assert chunks > 4 * 400  # many chunks a rank, none of them listed one by one
+    assert all("chunks" not in f and f["chunk_io_gib_s"]["p10"] <= f["chunk_io_gib_s"]["p50"] for f in files)
+    size = sum(p.stat().st_size for p in run.out.rglob("*") if p.is_file())
+    assert size / 4 < 1 << 20, f"{size} bytes for 4 ranks"
