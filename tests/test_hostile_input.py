@@ -158,7 +158,8 @@ def test_the_marker_of_a_run_that_died_is_taken_over_and_said(workdir):
 
 def test_sigterm_with_the_output_piped_still_says_what_was_interrupted_and_what_finished(workdir):
     """mpirun forwards no rank output after SIGTERM: the interrupt line goes to its
-    piped stderr directly, naming the checkpoints finished before it."""
+    piped stderr directly, naming the checkpoints finished before it. Every rank
+    says it; mpirun's SIGKILL may end a rank before it does, so any one line counts."""
     import re
     import signal
     import time
@@ -178,5 +179,5 @@ def test_sigterm_with_the_output_piped_still_says_what_was_interrupted_and_what_
     proc.wait(timeout=60)
     out = "".join(seen)
     assert proc.returncode != 0
-    assert re.search(r"^\[ERROR\] rank 0: .*interrupted by SIGTERM.* \(finished before it: save 1, save 2(, save 3)?\)$",
+    assert re.search(r"^\[ERROR\] rank \d: .*interrupted by SIGTERM.* \(finished before it: save 1, save 2(, save 3)?\)$",
                      out, re.M), out[-3000:]

@@ -197,14 +197,15 @@ def test_gap_rules_are_the_checkers(write, read, broken):
 
 
 def test_a_read_invocation_that_starts_too_late_fails_the_submission_naming_the_rule(tmp_path):
-    """A pause injected before the read invocation (a drop_caches that sleeps)."""
+    """A pause injected before the read invocation (a drop_caches that sleeps),
+    longer than the tiny invocations themselves (0.1 s each)."""
     results, ckpt = tmp_path / "results", tmp_path / "ckpt"
     script = (
         "import sys, time\n"
         "from dlio_ckpt_ext.submission import submit\n"
         "dropped = submit.drop_caches\n"
         "def slow(*a):\n"
-        "    time.sleep(12)\n"
+        "    time.sleep(2)\n"
         "    return dropped(*a)\n"
         "submit.drop_caches = slow\n"
         "sys.exit(submit.main(sys.argv[1:]))\n")
