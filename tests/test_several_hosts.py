@@ -206,7 +206,8 @@ def test_a_slow_host_among_four_is_named_in_results_and_the_record(cluster, work
     try:
         server.client().create_bucket(Bucket=BUCKET)
         cluster.slow_link("node3", 40)  # 5 MB/s; the others share the bridge at memory speed
-        run = dlio_on(cluster, workdir, 2, "++workload.checkpoint.num_checkpoints_write=2",
+        # a rank a host: DLIO's start-up of 8 ranks costs these 2 cores 30 s; two a host are tested above
+        run = dlio_on(cluster, workdir, 1, "++workload.checkpoint.num_checkpoints_write=2",
                       "++workload.checkpoint.num_checkpoints_read=1", "++workload.storage.storage_type=s3",
                       f"++workload.storage.storage_root=s3://{BUCKET}", "++workload.checkpoint.checkpoint_folder=skew",
                       "++workload.model.num_layers=2", "++workload.model.transformer.hidden_size=256",
@@ -221,7 +222,7 @@ def test_a_slow_host_among_four_is_named_in_results_and_the_record(cluster, work
     for phase, steps in (("save", (1, 2)), ("load", (1,))):
         for w in record[phase]["per_checkpoint"]:
             hosts = w["hosts"]
-            assert sorted(hosts) == cluster.names and all(h["ranks"] == 2 for h in hosts.values())
+            assert sorted(hosts) == cluster.names and all(h["ranks"] == 1 for h in hosts.values())
             assert w["slowest_host"] == "node3" and w["last_done_host"] == "node3", w
             assert host_of[w["last_done_rank"]] == "node3"
             others = [h["throughput_gib_s"] for name, h in hosts.items() if name != "node3"]
