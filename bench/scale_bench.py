@@ -1,14 +1,16 @@
 """What a run costs besides its bytes, as the ranks grow: the numbers to extrapolate to 1024 ranks.
 
-    python bench/scale_bench.py [--ranks 1,4,16] [--json bench/results/scale_bench.json]
+    python bench/scale_bench.py [--storage s3|az] [--ranks 1,4,16] [--json bench/results/scale_bench.json]
 
 Runs `dlio_benchmark workload=llama3_tiny_checkpoint` (2 layers, 2 saves + 2
-loads, keep_files=False) on a local SeaweedFS at each rank count, from this
-environment (run_scripts/setup.sh). Prints per rank count:
-- the requests the server answered by kind (its own Prometheus counters, read
-  before and after the run): listings, HEADs (SeaweedFS counts them as GET
-  200; the run sends no whole GET), deletes (each a DeleteObjects of many keys)
-  and the data requests (PUT parts and uploads, ranged GETs 206),
+loads, keep_files=False) on a local SeaweedFS (or Azurite, --storage az) at
+each rank count, from this environment (run_scripts/setup.sh). Prints per
+rank count:
+- the requests the server answered by kind (SeaweedFS's own Prometheus
+  counters, Azurite's request log, read before and after the run): listings,
+  HEADs (SeaweedFS counts them and whole GETs, such as the owner marker's, as
+  GET 200), deletes (each a DeleteObjects or a Blob Batch of many keys) and
+  the data requests (parts or blocks, upload completions, ranged GETs),
 - the non-data requests per rank and the objects each delete request carried,
 - DLIO's start-up (launch to the first save) and end (last load to exit),
 - the output folder's bytes per rank.
@@ -32,26 +34,39 @@ REPO = HERE.parent
 sys.path.insert(0, str(HERE))
 from bench_table import BenchTable  # noqa: E402
 
-from dlio_ckpt_ext.tools.local_s3 import create_bucket, start  # noqa: E402
+from dlio_ckpt_ext.tools import local_cloud, local_s3  # noqa: E402
 
 BUCKET = "scale"
 SHRINK = ["++workload.model.num_layers=2", "++workload.model.transformer.hidden_size=256",
           "++workload.model.transformer.ffn_hidden_size=512", "++workload.model.transformer.vocab_size=1024",
           "++workload.model.transformer.num_attention_heads=4", "++workload.model.transformer.num_kv_heads=2"]
-NON_DATA = ("LIST", "GET 200", "DELETE")
+#: per storage: the requests that are not data, and which kinds the HEAD and DELETE columns count
+NON_DATA = {"s3": ("LIST", "GET 200", "DELETE"), "az": ("LIST", "HEAD", "GET", "BATCH", "DELETE", "CONTAINER", "PUT")}
+COLUMNS = {"s3": ("GET 200", "DELETE"), "az": ("HEAD", "BATCH")}
 
 
-def run(ranks: int, workdir: Path, server) -> dict:
+def start_server(storage: str, workdir: Path):
+    if storage == "az":
+        server = local_cloud.start("az", workdir / "azurite", request_log=True)
+        server.create(BUCKET)
+    else:
+        server = local_s3.start(workdir / "seaweedfs")
+        local_s3.create_bucket(server, BUCKET)
+    return server
+
+
+def run(ranks: int, workdir: Path, server, storage: str) -> dict:
     out = workdir / f"out-{ranks}"
     cmd = [shutil.which("mpirun") or str(Path(sys.executable).parent / "mpirun"), "--oversubscribe", "-np",
            str(ranks), *(["--allow-run-as-root"] if os.geteuid() == 0 else []),
            str(Path(sys.executable).parent / "dlio_benchmark"), "workload=llama3_tiny_checkpoint", *SHRINK,
            "++workload.checkpoint.num_checkpoints_write=2", "++workload.checkpoint.num_checkpoints_read=2",
            "++workload.checkpoint.keep_files=False", "++workload.storage.storage_type=s3",
-           f"++workload.storage.storage_root=s3://{BUCKET}", f"++workload.checkpoint.checkpoint_folder=run{ranks}",
+           f"++workload.storage.storage_root={storage}://{BUCKET}", f"++workload.checkpoint.checkpoint_folder=run{ranks}",
            # 16 ranks' upload and read buffers on one small machine (the census does not depend on them)
-           "++workload.streaming.chunk_size=8MiB", "++workload.storage.storage_options.part_size=8MiB",
-           "++workload.storage.storage_options.max_in_flight=4", "++workload.streaming.read_parallelism=4",
+           "++workload.streaming.chunk_size=8MiB", "++workload.storage.storage_options.max_in_flight=4",
+           *(["++workload.storage.storage_options.part_size=8MiB"] if storage == "s3" else []),
+           "++workload.streaming.read_parallelism=4",
            f"++workload.output.folder={out}", f"hydra.run.dir={out}"]
     before = server.request_counts()
     launched = time.time()
@@ -75,27 +90,30 @@ def run(ranks: int, workdir: Path, server) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--storage", choices=("s3", "az"), default="s3")
     ap.add_argument("--ranks", default="1,4,16")
     ap.add_argument("--json")
     args = ap.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="scale-bench-"))
-    server = start(workdir / "seaweedfs")
+    server = start_server(args.storage, workdir)
     try:
-        create_bucket(server, BUCKET)
-        results = [run(int(n), workdir, server) for n in args.ranks.split(",")]
+        results = [run(int(n), workdir, server, args.storage) for n in args.ranks.split(",")]
     finally:
         server.stop()
         shutil.rmtree(workdir, ignore_errors=True)
-    table = BenchTable("scale_bench", "Requests, start-up, end and output size by ranks (SeaweedFS, 2 saves + 2 loads, "
-                       "keep_files=False)",
-                       ["ranks", "objects", "LIST", "HEAD", "DELETE", "objects/DELETE", "non-data/rank",
+    non_data_kinds, (head, delete) = NON_DATA[args.storage], COLUMNS[args.storage]
+    server_name = "Azurite" if args.storage == "az" else "SeaweedFS"
+    table = BenchTable("scale_bench", f"Requests, start-up, end and output size by ranks ({server_name}, 2 saves + 2 "
+                       "loads, keep_files=False)",
+                       ["ranks", "objects", "LIST", "HEAD" if args.storage == "az" else "HEAD + whole GET", "DELETE",
+                        "objects/DELETE", "non-data/rank",
                         "data requests", "start-up s", "end s", "output KiB/rank"])
     for r in results:
         c = r["counts"]
-        non_data = sum(c.get(k, 0) for k in NON_DATA)
-        data = sum(v for k, v in c.items() if k not in NON_DATA)
-        table.add(r["ranks"], r["objects"], c.get("LIST", 0), c.get("GET 200", 0), c.get("DELETE", 0),
-                  f"{r['objects'] / c['DELETE']:.0f}" if c.get("DELETE") else "-", f"{non_data / r['ranks']:.1f}",
+        non_data = sum(c.get(k, 0) for k in non_data_kinds)
+        data = sum(v for k, v in c.items() if k not in non_data_kinds)
+        table.add(r["ranks"], r["objects"], c.get("LIST", 0), c.get(head, 0), c.get(delete, 0),
+                  f"{r['objects'] / c[delete]:.0f}" if c.get(delete) else "-", f"{non_data / r['ranks']:.1f}",
                   data, f"{r['startup_s']:.1f}", f"{r['end_s']:.1f}", f"{r['output_bytes'] / r['ranks'] / 1024:.0f}")
     # what each figure becomes at 1024 ranks: a straight line through the
     # smallest and largest runs (the census's per-rank part is its slope)
@@ -104,13 +122,14 @@ def main() -> int:
     def at(ranks: int, key) -> float:
         a, b = key(lo), key(hi)
         return a + (b - a) * (ranks - lo["ranks"]) / (hi["ranks"] - lo["ranks"]) if hi is not lo else a
-    non_data = lambda r: sum(r["counts"].get(k, 0) for k in NON_DATA)  # noqa: E731
+    non_data = lambda r: sum(r["counts"].get(k, 0) for k in non_data_kinds)  # noqa: E731
     if hi is not lo:
         table.note(f"At 1024 ranks (a line through {lo['ranks']} and {hi['ranks']} ranks): "
                    f"{at(1024, non_data):.0f} non-data requests a run ({at(1024, non_data) / 1024:.2f} a rank), "
                    f"{at(1024, lambda r: r['counts'].get('LIST', 0)):.0f} listings, "
-                   f"{at(1024, lambda r: r['counts'].get('GET 200', 0)):.0f} HEADs, "
-                   f"{at(1024, lambda r: r['counts'].get('DELETE', 0)):.0f} delete requests (one a rank), "
+                   f"{at(1024, lambda r: r['counts'].get(head, 0)):.0f} {head} requests (the owner marker's "
+                   "whole GETs on S3), "
+                   f"{at(1024, lambda r: r['counts'].get(delete, 0)):.0f} delete requests (one a rank), "
                    f"output {at(1024, lambda r: r['output_bytes']) / 2**20:.0f} MiB "
                    f"({at(1024, lambda r: r['output_bytes']) / 1024 / 1024:.0f} KiB a rank).")
         table.note("The listings are rank 0's alone (its probe, its count of the checkpoints, its inventory of each "

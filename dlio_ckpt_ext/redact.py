@@ -12,7 +12,9 @@ from typing import Any
 
 SECRET_WORDS = ("secret", "password", "passwd", "token", "credential", "access_key", "session", "api_key")
 SECRET_ENV = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ACCESS_KEY_ID", "AZURE_STORAGE_KEY",
-              "GOOGLE_APPLICATION_CREDENTIALS")
+              "AZURE_STORAGE_SAS_TOKEN", "AZURE_STORAGE_CONNECTION_STRING", "GOOGLE_APPLICATION_CREDENTIALS")
+#: a connection string's own secrets, however it reaches a text
+_CONNECTION_SECRET = re.compile(r"(?P<key>AccountKey|SharedAccessSignature)=(?P<value>[^;\s'\"]+)")
 REDACTED = "<redacted>"
 _KEY_VALUE = re.compile(r"""(?P<key>[\w.\-]*(?:%s)[\w.\-]*)(?P<sep>\s*[:=]\s*)(?P<value>'[^']*'|"[^"]*"|[^,}\s]*)"""
                         % "|".join(SECRET_WORDS), re.IGNORECASE)
@@ -36,6 +38,7 @@ def redact_text(text: str) -> str:
     text (a command line, a dict-form override, an error message), plus any
     credential value found in the environment."""
     text = _KEY_VALUE.sub(lambda m: f"{m['key']}{m['sep']}{REDACTED}", text)
+    text = _CONNECTION_SECRET.sub(lambda m: f"{m['key']}={REDACTED}", text)
     for name in SECRET_ENV:
         value = os.environ.get(name)
         if value and len(value) >= 4:

@@ -26,6 +26,7 @@ BENCHES = {
     "local_read_depth": "local O_DIRECT requests in flight",
     "s3_bench": "object storage against raw s3dlio",
     "remote_bench": "remote object storage through the emulated link",
+    "cloud_bench": "Azure Blob and GCS against each cloud's own SDK",
     "trace_bench": "tracing cost",
     "scale_bench": "requests, start-up, end and output size as the ranks grow",
     "cpu_bench": "client CPU per GiB against raw references",

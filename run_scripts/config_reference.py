@@ -32,6 +32,8 @@ SECTIONS = [
     ("storage_options for local_fs, parallel_fs and direct_fs", "workload.storage.storage_options",
      "storage/posix.py", "PosixOptions"),
     ("storage_options for s3", "workload.storage.storage_options", "storage/objstore.py", "ObjectOptions"),
+    ("storage_options for az:// and gs:// (storage_type s3)", "workload.storage.storage_options", "storage/cloud.py",
+     "CloudOptions"),
 ]
 
 HEADER = """# Configuration reference

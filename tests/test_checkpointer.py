@@ -74,10 +74,9 @@ def test_bad_storage_options_name_the_key(tmp_path, options, key, allowed):
     assert err.value.key == key and allowed in str(err.value)
 
 
-@pytest.mark.parametrize("root, allowed", [("az://container/x", "s3://, file:// or direct://"),
-                                           ("gs://bucket/x", "s3://, file:// or direct://"),
-                                           ("ftp://host/x", "a URI starting with s3://")])
-def test_object_schemes_without_bounded_memory_streaming_are_refused(root, allowed):
+@pytest.mark.parametrize("root, allowed", [("ftp://host/x", "a URI starting with s3://, file://, direct://, az://, gs://"),
+                                           ("az:///x", "az://CONTAINER/PREFIX"), ("gs:///x", "gs://BUCKET/PREFIX")])
+def test_object_schemes_we_do_not_stream_are_refused(root, allowed):
     cfg = load_config(OmegaConf.create({**TINY, "storage": {"storage_type": "s3", "storage_root": root}}), 1)
     with pytest.raises(ConfigError) as err:
         Checkpointer(cfg, 0, 1, 1)

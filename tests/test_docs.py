@@ -31,7 +31,7 @@ def test_a_changed_declaration_makes_the_reference_stale(tmp_path):
     page = config_reference.render()
     config_reference.PKG = tmp_path
     (tmp_path / "storage").mkdir()
-    for f in ("config.py", "storage/posix.py", "storage/objstore.py"):
+    for f in ("config.py", "storage/posix.py", "storage/objstore.py", "storage/cloud.py"):
         (tmp_path / f).write_text((REPO / "dlio_ckpt_ext" / f).read_text())
     config = tmp_path / "config.py"
     config.write_text(config.read_text().replace('pool_depth: int = 4', 'pool_depth: int = 5'))

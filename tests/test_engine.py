@@ -24,6 +24,24 @@ def backend(root, mode="direct"):
     return b
 
 
+def fail_generation_at(monkeypatch, call: int = 3) -> None:
+    """The content generator raises at its `call`-th chunk ("generator failed part-way")."""
+    from dlio_ckpt_ext.engine import stream
+    real = stream.generator
+
+    class FailingGenerator:
+        def __init__(self, *a, **kw):
+            self.gen, self.calls = real(*a, **kw), 0
+
+        def fill_chunk(self, view):
+            self.calls += 1
+            if self.calls == call:
+                raise RuntimeError("generator failed part-way")
+            return self.gen.fill_chunk(view)
+
+    monkeypatch.setattr(stream, "generator", FailingGenerator)
+
+
 def expected_bytes(spec, size):
     """The file's content generated in one go, independently of the pipeline."""
     gen = content_mod.generator(spec, size, chunk_size=size)

@@ -8,7 +8,7 @@ from dlio_ckpt_ext.engine import stream
 from dlio_ckpt_ext.errors import StorageError, VerificationError
 from dlio_ckpt_ext.storage.objstore import ObjectBackend, ObjectOptions
 from s3_server import start_s3_server
-from test_engine import expected_bytes
+from test_engine import expected_bytes, fail_generation_at
 
 MiB = 1 << 20
 BUCKET = "ckpt"
@@ -49,19 +49,7 @@ def test_streamed_upload_stores_exact_bytes_and_reads_back_verified(s3, pool):
 
 
 def test_failed_upload_is_aborted_with_no_orphan_multipart_upload(s3, pool, monkeypatch):
-    real = stream.generator
-
-    class FailingGenerator:
-        def __init__(self, *a, **kw):
-            self.gen, self.calls = real(*a, **kw), 0
-
-        def fill_chunk(self, view):
-            self.calls += 1
-            if self.calls == 3:
-                raise RuntimeError("generator failed part-way")
-            return self.gen.fill_chunk(view)
-
-    monkeypatch.setattr(stream, "generator", FailingGenerator)
+    fail_generation_at(monkeypatch, 3)
     with pytest.raises(RuntimeError, match="part-way"):
         save_file(backend("aborted"), "f.pt", 20 * MiB, ContentSpec(1), pool)
     client = s3.client()

@@ -135,7 +135,7 @@ def test_uploads_tool_lists_and_aborts_what_a_killed_run_left(s3, tmp_path):
     assert f"open upload: s3://{BUCKET}/left/c/step1/rank0.pt (id {started['UploadId']}" in listed.stdout
     aborted = subprocess.run([tool("dlio-ckpt-report"), "uploads", f"s3://{BUCKET}/left", "--abort"], env=env,
                              capture_output=True, text=True)
-    assert "aborted 1 open multipart upload(s)" in aborted.stdout
+    assert "aborted 1 open upload(s)" in aborted.stdout
     assert client.list_multipart_uploads(Bucket=BUCKET, Prefix="left/").get("Uploads", []) == []
 
 

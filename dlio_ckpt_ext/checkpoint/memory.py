@@ -32,8 +32,9 @@ def rank_buffers(cfg: RunConfig, comm_size: int = 1) -> list[tuple[str, object, 
         # the rank's whole state, plus the chunk its content is generated into
         out.append(("workload.checkpoint.async_mode", c.async_mode,
                     staging_bytes(cfg, comm_size) + cfg.chunk_size))
-    s3_parts = cfg.storage.storage_type == "s3" and str(cfg.storage.storage_root).startswith("s3://")
-    if c.num_checkpoints_write and not s3_parts:  # S3 parts are filled in s3dlio's memory instead
+    scheme = str(cfg.storage.storage_root).split("://", 1)[0] if cfg.storage.storage_type == "s3" else ""
+    s3_parts, blocks = scheme == "s3", scheme in ("az", "gs")
+    if c.num_checkpoints_write and not (s3_parts or blocks):  # filled in the writers' memory instead
         out.append(("workload.streaming.pool_depth", st.pool_depth, st.pool_depth * cfg.chunk_size))
     if c.num_checkpoints_read:
         # a pool buffer per request in flight (+2), or on object storage the GETs'
@@ -54,6 +55,13 @@ def rank_buffers(cfg: RunConfig, comm_size: int = 1) -> list[tuple[str, object, 
         # per object, for each object a rank uploads at once
         out.append(("workload.storage.storage_options.max_in_flight", in_flight,
                     part * (in_flight + 2) * cfg.concurrent_files))
+    if blocks and c.num_checkpoints_write:
+        from dlio_ckpt_ext.config import structured
+        from dlio_ckpt_ext.storage.cloud import CloudOptions, blocks_in_flight
+        opts = structured(CloudOptions, dict(cfg.storage.storage_options), "workload.storage.storage_options.")
+        # a block uploading per block in flight and one being filled, per object open
+        out.append(("workload.storage.storage_options.max_in_flight", opts.max_in_flight,
+                    cfg.chunk_size * (blocks_in_flight(scheme, opts) + 1) * cfg.concurrent_files))
     return out
 
 

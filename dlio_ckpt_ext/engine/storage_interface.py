@@ -128,6 +128,15 @@ class Backend(ABC):
         """A small file's bytes, or None when there is none."""
         raise NotImplementedError
 
+    def open_uploads(self) -> list[dict]:
+        """Uploads left unfinished below the root, [{key, upload_id, initiated}] (key
+        relative to the bucket or container), where the storage can list them."""
+        return []
+
+    def abort_uploads(self, uploads: list[dict]) -> int:
+        """Discard those uploads; the count discarded."""
+        return 0
+
     def chunk_warning(self, chunk_size: int) -> Optional[str]:
         """What a reader must know of chunks this size on this storage, if anything."""
         return None

@@ -3,7 +3,7 @@
   dlio-ckpt-report run RESULTS_DIR [--out report.png]
   dlio-ckpt-report compare RESULTS_A RESULTS_B
   dlio-ckpt-report sweep SWEEP_DIR [--out-dir DIR]
-  dlio-ckpt-report uploads s3://BUCKET/PREFIX [--abort]
+  dlio-ckpt-report uploads s3://BUCKET/PREFIX|az://CONTAINER/PREFIX [--abort]
   dlio-ckpt-report traces RESULTS_DIR [--out-dir DIR]
   dlio-ckpt-report status RESULTS_DIR [--remove-incomplete]
 """
@@ -55,17 +55,19 @@ def _sweep(args) -> int:
 
 
 def _uploads(args) -> int:
-    from dlio_ckpt_ext.storage.uploads import abort_uploads, open_uploads
-    found = open_uploads(args.uri)
+    from dlio_ckpt_ext.storage import open_backend
+    backend = open_backend("s3", args.uri, {})
+    found = backend.open_uploads()
+    container = args.uri.split("://", 1)[1].partition("/")[0]
     for u in found:
-        print(f"open upload: s3://{args.uri[5:].partition('/')[0]}/{u['key']} (id {u['upload_id']}, "
-              f"started {u['initiated']})")
+        what = u["upload_id"] if u["upload_id"] == "uncommitted blocks" else f"id {u['upload_id']}"
+        print(f"open upload: {args.uri.split('://')[0]}://{container}/{u['key']} ({what}, started {u['initiated']})")
     if args.abort and found:
-        print(f"aborted {abort_uploads(args.uri, found)} open multipart upload(s) under {args.uri}")
+        print(f"aborted {backend.abort_uploads(found)} open upload(s) under {args.uri}")
     elif not found:
-        print(f"no open multipart upload under {args.uri}")
+        print(f"no open upload under {args.uri}")
     else:
-        print(f"{len(found)} open multipart upload(s) under {args.uri}; --abort removes them")
+        print(f"{len(found)} open upload(s) under {args.uri}; --abort removes them")
     return 0
 
 
@@ -107,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("sweep", help="the sweep directory (hydra.sweep.dir: numbered job directories)")
     p.add_argument("--out-dir", help="where to write sweep.csv, sweep.md, sweep.png (default SWEEP)")
     p.set_defaults(func=_sweep)
-    p = sub.add_parser("uploads", help="list (and --abort) multipart uploads left open under an S3 prefix")
+    p = sub.add_parser("uploads", help="list (and --abort) the uploads left open under an S3 prefix (multipart uploads) or an Azure one (uncommitted blocks)")
     p.add_argument("uri", help="s3://bucket/prefix (endpoint and credentials from the AWS_* environment)")
     p.add_argument("--abort", action="store_true", help="abort every one found")
     p.set_defaults(func=_uploads)

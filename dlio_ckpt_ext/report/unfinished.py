@@ -28,7 +28,8 @@ class CheckpointState:
     planned: dict[str, int]
     #: path -> bytes, of the planned files the storage holds
     found: dict[str, int]
-    #: multipart uploads still open below the checkpoint's directory (S3)
+    #: uploads left unfinished below the checkpoint's directory (S3's open
+    #: multipart uploads, Azure's uncommitted blocks)
     uploads: int = 0
 
     @property
@@ -92,15 +93,15 @@ def run_state(folder: str | Path) -> RunState | None:
         planned = {f"{directory}/{name}": size for name, size in ck["files"].items()}
         state = CheckpointState(int(step), directory, planned, {p: found[p] for p in planned if p in found})
         states.append(state)
-    uploads = []
-    if ck["root"].startswith("s3://"):
-        from dlio_ckpt_ext.storage.bucket import split
-        from dlio_ckpt_ext.storage.uploads import open_uploads
-        uploads = open_uploads(ck["root"].rstrip("/") + "/")
-        prefix = split(ck["root"].rstrip("/"))[1]
-        for state in states:
-            below = f"{prefix}/{state.directory}/" if prefix else f"{state.directory}/"
-            state.uploads = sum(u["key"].startswith(below) for u in uploads)
+    try:
+        uploads = backend.open_uploads()
+    except StorageError as exc:
+        raise ResultsError(str(exc)) from None
+    # keys are the bucket's or container's: the root's own prefix first
+    prefix = ck["root"].rstrip("/").split("://", 1)[-1].partition("/")[2]
+    for state in states:
+        below = f"{prefix}/{state.directory}/" if prefix else f"{state.directory}/"
+        state.uploads = sum(u["key"].startswith(below) for u in uploads)
     return RunState(folder, marker, states, uploads)
 
 
@@ -113,11 +114,7 @@ def remove_incomplete(state: RunState) -> tuple[int, int]:
     for c in state.incomplete:
         removed += backend.delete_files(list(c.found))
         backend.remove_empty_dir(c.directory)
-    aborted = 0
-    if state.open_uploads:
-        from dlio_ckpt_ext.storage.uploads import abort_uploads
-        aborted = abort_uploads(state.marker["checkpoints"]["root"], state.open_uploads)
-    return removed, aborted
+    return removed, backend.abort_uploads(state.open_uploads) if state.open_uploads else 0
 
 
 def _steps(steps: list[int]) -> str:
@@ -144,7 +141,8 @@ def describe(state: RunState, shown: int = 20) -> list[str]:
     if never:
         lines.append(f"  not started: {_steps(never)}")
     for u in state.open_uploads:
-        lines.append(f"  open multipart upload: {u['key']} (id {u['upload_id']})")
+        lines.append(f"  open upload: {u['key']} ({u['upload_id']})" if u["upload_id"] == "uncommitted blocks"
+                     else f"  open multipart upload: {u['key']} (id {u['upload_id']})")
     if state.incomplete or state.open_uploads:
         lines.append("  --remove-incomplete deletes the incomplete checkpoints' files and aborts the open uploads")
     return lines

@@ -26,6 +26,14 @@ def open_backend(storage_type: str, root: str, options: dict, fsync: bool = True
         opts = structured(PosixOptions, options, prefix)
         opts.check_storage_type(storage_type, prefix)
         return PosixBackend(root, opts, fsync, storage_type)
+    if storage_type == "s3" and root.split("://", 1)[0] in ("az", "gs"):
+        from dlio_ckpt_ext.storage.cloud import CloudOptions
+        opts = structured(CloudOptions, options, prefix)
+        if root.startswith("az://"):
+            from dlio_ckpt_ext.storage.azure_blob import AzureBackend
+            return AzureBackend(root, opts)
+        from dlio_ckpt_ext.storage.gcs import GcsBackend
+        return GcsBackend(root, opts)
     if storage_type == "s3":
         from dlio_ckpt_ext.storage.objstore import ObjectBackend, ObjectOptions
         return ObjectBackend(root, structured(ObjectOptions, options, prefix), cpu_share)

@@ -2,20 +2,18 @@
 
 S3 uploads stream as multipart uploads whose parts the generator fills in
 place (reserve/commit: no pool buffer, no copy); file:// and direct:// stream
-from the pool's buffers. s3dlio 0.10's az:// writer holds the whole object in
-memory and it has no gs:// writer, so those schemes are refused rather than
-run with unbounded memory. s3dlio reads its endpoint and credentials from
+from the pool's buffers. az:// and gs:// are not s3dlio's here (0.10's Azure
+writer holds the whole object in memory; it has no GCS writer): they go
+through each cloud's SDK (cloud.py). s3dlio reads its endpoint and credentials from
 the process environment at its first call, so options are applied there
 before anything touches s3dlio.
 """
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import re
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Optional
 
@@ -26,22 +24,16 @@ from dlio_ckpt_ext.engine.threads import usable_cpus
 from dlio_ckpt_ext.errors import ConfigError, StorageError
 from dlio_ckpt_ext.engine.storage_interface import Backend, Reader, Writer
 from dlio_ckpt_ext.storage import bucket
+from dlio_ckpt_ext.storage.allocator import FRESH_PAGES_FROM, reuse_freed_memory
+from dlio_ckpt_ext.storage.ranged_reader import PlannedRangeReader
 from dlio_ckpt_ext.storage.posix import entries, read_marker_file, tree_sizes, write_marker_file
 from dlio_ckpt_ext.storage.upload_janitor import WATCH
 
 SCHEMES = ("s3", "file", "direct")
-_STAT_POOL = ThreadPoolExecutor(max_workers=4, thread_name_prefix="s3-size")
-UNSTREAMABLE = {"az": "its Azure writer holds the whole object in memory",
-                "gs": "it has no streaming writer for Google Cloud Storage"}
 #: how each part's payload is signed: UNSIGNED-PAYLOAD (what AWS's own CRT-based
 #: clients send, with a CRC checksum, over HTTPS) or the SHA-256 of every part,
 #: ~0.55 CPU-s per GiB on this machine (bench/cpu_bench.py)
 PAYLOAD_SIGNING = ("unsigned", "sha256")
-#: glibc maps an allocation this large or larger anew each time (its mmap threshold
-#: cannot be set higher) and unmaps it at free, so every part or GET buffer that
-#: size faults in fresh pages: one minor fault per 4 KiB (bench/cpu_bench.py)
-FRESH_PAGES_FROM = 32 << 20
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
 #: storage option -> (s3dlio's environment variable, s3dlio 0.10's default)
 LIMITS = {"operation_timeout_s": ("S3DLIO_OPERATION_TIMEOUT_SECS", 60),
           "connect_timeout_s": ("S3DLIO_CONNECT_TIMEOUT_SECS", 20),
@@ -118,21 +110,6 @@ def _error(uri: str, action: str, exc: BaseException, waited: Optional[float] = 
         return StorageError(f"{action} {uri}: the endpoint refused unsigned payloads ({text}); set "
                             "workload.storage.storage_options.payload_signing=sha256")
     return StorageError(f"{action} {uri}: {text}")
-
-
-def reuse_freed_memory() -> bool:
-    """Keep the memory of s3dlio's freed part and GET buffers for the next ones:
-    glibc's default unmaps a freed allocation above its (sliding) mmap threshold
-    and trims the heap, so the next buffer faults in fresh pages. A fixed
-    threshold at glibc's maximum and no trimming halve the faults of 8 MiB GETs
-    (bench/cpu_bench.py). The process keeps its high-water mark of buffers, which
-    the memory check already counts."""
-    try:
-        libc = ctypes.CDLL(None)
-        return bool(libc.mallopt(_M_MMAP_THRESHOLD, FRESH_PAGES_FROM)) and \
-            bool(libc.mallopt(_M_TRIM_THRESHOLD, 1 << 30))
-    except (OSError, AttributeError):  # not glibc
-        return False
 
 
 @contextlib.contextmanager
@@ -227,47 +204,16 @@ class StreamWriter(Writer):
             pass
 
 
-class ObjectReader(Reader):
-    """Ranged GETs whose bytes stay in s3dlio's memory (no copy). A size the
-    caller knows (the plan's) costs no request: the GET that ends there asks
-    for one byte more, so a shorter object ends a GET early and a longer one
-    returns that byte (and only then is its size asked for, to say it).
-    Otherwise the size is asked for in the background, so the first GETs do not
-    wait a round trip for it; a missing object fails the first GET."""
-    lends_memory = True
+def object_reader(uri: str, size: Optional[int] = None) -> PlannedRangeReader:
+    """Ranged GETs through s3dlio, whose bytes stay in its memory."""
+    def get_range(offset: int, length: int) -> bytes:
+        with _errors(uri, "cannot read"):
+            return s3dlio.get_range(uri, offset, length)
 
-    def __init__(self, uri: str, size: Optional[int] = None) -> None:
-        self.uri, self.planned = uri, size
-        self._size: Future = Future()
-        if size is None:
-            self._size = _STAT_POOL.submit(self._stat)
-        else:
-            self._size.set_result(size)
-
-    def _stat(self) -> int:
-        with _errors(self.uri, "cannot stat"):
-            return int(s3dlio.stat(self.uri)["size"])
-
-    @property
-    def size(self) -> int:
-        return self._size.result()
-
-    def read(self, offset: int, length: int) -> memoryview:
-        probe = self.planned is not None and offset + length == self.planned
-        with _errors(self.uri, "cannot read"):
-            data = memoryview(s3dlio.get_range(self.uri, offset, length + probe))
-        if probe and len(data) > length:  # longer than planned: its real size, for the error
-            self._size = _STAT_POOL.submit(self._stat)
-            return data[:length]
-        return data
-
-    def readinto(self, offset: int, buf: memoryview, length: int) -> int:
-        data = self.read(offset, length)
-        buf[:len(data)] = data
-        return len(data)
-
-    def close(self) -> None:
-        self._size.cancel()
+    def stat() -> int:
+        with _errors(uri, "cannot stat"):
+            return int(s3dlio.stat(uri)["size"])
+    return PlannedRangeReader(uri, size, get_range, stat)
 
 
 class ObjectBackend(Backend):
@@ -278,13 +224,9 @@ class ObjectBackend(Backend):
         if opts.uri_scheme and scheme != opts.uri_scheme:
             raise ConfigError("workload.storage.storage_options.uri_scheme", opts.uri_scheme,
                               f"{scheme} (the scheme of storage_root {root}), or unset")
-        if scheme in UNSTREAMABLE:
-            raise ConfigError("workload.storage.storage_root", root,
-                              f"s3://, file:// or direct:// (s3dlio {s3dlio.__version__}: {UNSTREAMABLE[scheme]}, "
-                              "which breaks the bounded-memory streaming this benchmark relies on)")
         if scheme not in SCHEMES:
             raise ConfigError("workload.storage.storage_root", root,
-                              "a URI starting with " + ", ".join(f"{s}://" for s in SCHEMES))
+                              "a URI starting with " + ", ".join(f"{s}://" for s in (*SCHEMES, "az", "gs")))
         self.root, self.scheme, self.opts = root.rstrip("/"), scheme, opts
         self.lends_write_memory = scheme == "s3"  # multipart parts are filled in place
         self.lends_read_memory = True  # ranged GETs are read where s3dlio put them
@@ -339,7 +281,7 @@ class ObjectBackend(Backend):
         return StreamWriter(self.uri(path), size)
 
     def open_reader(self, path: str, size: Optional[int] = None) -> Reader:
-        return ObjectReader(self.uri(path), size)
+        return object_reader(self.uri(path), size)
 
     def _local(self, path: str = "") -> str:
         """file:// and direct://: the local path of `path`."""
@@ -384,6 +326,16 @@ class ObjectBackend(Backend):
                 return False
             raise _error(uri, "cannot delete", exc) from exc
         return True
+
+    def open_uploads(self) -> list[dict]:
+        if self.scheme != "s3":
+            return []
+        from dlio_ckpt_ext.storage.uploads import open_uploads
+        return open_uploads(self.root + "/")
+
+    def abort_uploads(self, uploads: list[dict]) -> int:
+        from dlio_ckpt_ext.storage.uploads import abort_uploads
+        return abort_uploads(self.root, uploads)
 
     def remove_empty_dir(self, directory: str) -> None:
         if self.scheme in ("file", "direct"):

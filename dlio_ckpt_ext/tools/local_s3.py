@@ -25,7 +25,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 from dlio_ckpt_ext.executables import find_executable
 from dlio_ckpt_ext.tools.remote_link import LinkSpec, RunningLink, start_link
@@ -39,8 +39,21 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+class ServerProcess:
+    """A server started in a session of its own (`proc`), maybe behind an emulated link (`link`)."""
+    proc: subprocess.Popen
+    link: Optional[RunningLink]
+
+    def stop(self) -> None:
+        if self.link is not None:
+            self.link.stop()
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+
 @dataclass
-class LocalS3:
+class LocalS3(ServerProcess):
     endpoint: str
     proc: subprocess.Popen
     data_dir: Path
@@ -65,19 +78,14 @@ class LocalS3:
                 "AWS_SECRET_ACCESS_KEY": self.secret_key if secret is None else secret,
                 "AWS_REGION": "us-east-1"}
 
-    def stop(self) -> None:
-        if self.link is not None:
-            self.link.stop()
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
 
 
 _REQUESTS = re.compile(r'^SeaweedFS_s3_request_total\{bucket="[^"]+",code="(?P<code>\d+)",type="(?P<type>\w+)"\} '
                        r'(?P<n>[0-9.e+]+)$', re.M)  # bucket "" is a client's probe before it knows one
 
 
-def _answers(endpoint: str) -> bool:
+def answers(endpoint: str) -> bool:
+    """Whether a server answers there at all (an error answer counts)."""
     try:
         urllib.request.urlopen(endpoint, timeout=2)
     except urllib.error.HTTPError:  # 403 without credentials: the S3 API is up
@@ -111,7 +119,7 @@ def start(data_dir: Path, timeout: float = 60, link: Optional[LinkSpec] = None,
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"SeaweedFS exited: {(data_dir / 'server.out').read_text()[-2000:]}")
-        if _answers(server.endpoint):
+        if answers(server.endpoint):
             server.direct_endpoint = server.endpoint
             if link is not None and link.active:
                 server.link = start_link(int(ports["-s3.port"]), link)
@@ -129,12 +137,32 @@ def create_bucket(server: LocalS3, bucket: str) -> None:
     subprocess.run([sys.executable, "-c", code, bucket], env={**os.environ, **server.env()}, check=True)
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--bucket", default="ckpt")
+def add_server_options(ap: argparse.ArgumentParser) -> None:
+    """The options every throw-away server's command line takes."""
     ap.add_argument("--dir", help="server data directory (default: a temporary one, removed after)")
     ap.add_argument("--latency-ms", type=float, default=0.0, help="emulated remote link: one-way latency")
     ap.add_argument("--rate-mb-s", type=float, default=0.0, help="emulated remote link: MB/s per connection")
+
+
+def run_against(server, command: list[str], data_dir: Path, keep: bool, prepare: Callable[[], None],
+                banner: str) -> int:
+    """Run `command` with the server's environment, then stop the server (and
+    remove its data unless `keep`); `banner` is said first, with the endpoint."""
+    try:
+        prepare()
+        through = f" through an emulated link ({server.link.spec})" if server.link else ""
+        print(banner.format(endpoint=f"{server.endpoint}{through}"), flush=True)
+        return subprocess.call(command, env={**os.environ, **server.env()})
+    finally:
+        server.stop()
+        if not keep:
+            shutil.rmtree(data_dir, ignore_errors=True)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--bucket", default="ckpt")
+    add_server_options(ap)
     ap.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command to run against it")
     args = ap.parse_args()
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -142,15 +170,8 @@ def main() -> int:
         ap.error("give the command to run after --")
     data_dir = Path(args.dir or tempfile.mkdtemp(prefix="local-s3-"))
     server = start(data_dir, link=LinkSpec(args.latency_ms, args.rate_mb_s))
-    try:
-        create_bucket(server, args.bucket)
-        through = f" through an emulated link ({server.link.spec})" if server.link else ""
-        print(f"[local-s3] SeaweedFS at {server.endpoint}{through}, bucket s3://{args.bucket}", flush=True)
-        return subprocess.call(command, env={**os.environ, **server.env()})
-    finally:
-        server.stop()
-        if not args.dir:
-            shutil.rmtree(data_dir, ignore_errors=True)
+    return run_against(server, command, data_dir, bool(args.dir), lambda: create_bucket(server, args.bucket),
+                       f"[local-s3] SeaweedFS at {{endpoint}}, bucket s3://{args.bucket}")
 
 
 if __name__ == "__main__":
