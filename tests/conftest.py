@@ -66,5 +66,22 @@ def workdir(tmp_path: Path):
     shutil.rmtree(tmp_path, ignore_errors=True)
 
 
+def other_file_system(base: Path) -> Path:
+    """A folder path (not made) on another file system than `base`: /dev/shm,
+    for checkpoints that rule 4.4.2 wants apart from the results."""
+    shm = Path("/dev/shm")
+    if not shm.is_dir() or shm.stat().st_dev == base.stat().st_dev:
+        pytest.skip("no second file system (/dev/shm) for the checkpoints (rule 4.4.2)")
+    return shm / f"dlio-ckpt-test-{base.name}-{os.getpid()}"
+
+
+@pytest.fixture
+def apart(tmp_path: Path):
+    """A checkpoint folder on another file system than tmp_path, removed after the test."""
+    folder = other_file_system(tmp_path)
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
 def pytest_configure(config):
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")

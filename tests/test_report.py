@@ -115,17 +115,17 @@ def test_entry_points_have_help(module):
 
 
 def test_closed_rules():
-    ok = Submission("llama3_8b_checkpoint", ["n1", "n2"], 4)
+    ok = Submission("llama3_8b_checkpoint", ["n1"], 8)
     assert check_closed_rules(ok, effective_config(ok), True, 64 << 30) == []
     bad = Submission("llama3_8b_checkpoint", ["n1", "n2", "n3", "n4"], 2,
                      ["++workload.checkpoint.num_checkpoints_read=5", "++workload.checkpoint.fsync=False"])
     problems = check_closed_rules(bad, effective_config(bad), False, 128 << 30)
-    assert any("2 ranks per host" in p for p in problems)
+    assert "4.6.2 2 processes on a host; CLOSED requires more than 4 per host" in problems
     assert any("num_checkpoints_read is 5" in p for p in problems)
     assert any("fsync is off" in p for p in problems)
     # 2 of 8 ranks (14.05 GB each) write 262 GiB per host over 10 checkpoints: under 3x 128 GiB of RAM
     assert any("less than 3x its RAM" in p for p in problems)
-    subset = Submission("llama3_8b_checkpoint", ["n1"], 4, subset_data=8)
+    subset = Submission("llama3_8b_checkpoint", ["n1"], 8, subset_data=8)
     assert check_closed_rules(subset, effective_config(subset), True, 64 << 30) == []
 
 
@@ -137,15 +137,15 @@ def test_closed_rules():
     ("++workload.streaming.dedup_ratio=4", "streaming.dedup_ratio is 4; CLOSED requires the preset's 1"),
 ])
 def test_closed_means_exactly_the_presets_bytes(override, violation):
-    sub = Submission("llama3_8b_checkpoint", ["n1", "n2"], 4, [override])
+    sub = Submission("llama3_8b_checkpoint", ["n1"], 8, [override])
     problems = check_closed_rules(sub, effective_config(sub), True, 64 << 30)
-    assert any(violation in p for p in problems), problems
+    assert any(p.startswith(f"4.6.3 {violation}") for p in problems), problems
     if "dedup" not in override:
-        assert any(p.startswith("rank 0 writes ") for p in problems), problems
+        assert any(p.startswith("4.6.3 rank 0 writes ") for p in problems), problems
 
 
 def test_closed_allows_settings_that_do_not_change_what_is_written():
-    sub = Submission("llama3_8b_checkpoint", ["n1", "n2"], 4, ["++workload.streaming.chunk_size=64MiB",
+    sub = Submission("llama3_8b_checkpoint", ["n1"], 8, ["++workload.streaming.chunk_size=64MiB",
                                                               "++workload.storage.storage_options.write_mode=buffered"])
     assert check_closed_rules(sub, effective_config(sub), True, 64 << 30) == []
 
@@ -158,12 +158,13 @@ def test_submit_with_an_unknown_workload_lists_the_presets(tmp_path):
            "llama3_405b_checkpoint, llama3_70b_checkpoint, llama3_8b_checkpoint, llama3_tiny_checkpoint" in res.stderr
 
 
-def test_submit_dry_run_refuses_a_shrunk_model_as_closed(tmp_path):
-    res = subprocess.run([tool("dlio-ckpt-submit"), "--workload", "llama3_8b_checkpoint", "--hosts", "n1,n2",
-                          "--ranks-per-host", "4", "--dry-run", "--", "++workload.model.num_layers=2"],
+def test_submit_dry_run_refuses_a_shrunk_model_as_closed(tmp_path, apart):
+    res = subprocess.run([tool("dlio-ckpt-submit"), "--workload", "llama3_8b_checkpoint", "--hosts", "n1",
+                          "--ranks-per-host", "8", "--accelerator-type", "b200", "--checkpoint-folder", str(apart),
+                          "--dry-run", "--", "++workload.model.num_layers=2"],
                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert res.returncode == 2
-    assert "[submit] CLOSED rule: model.num_layers is 2; CLOSED requires the preset's 32" in res.stdout
+    assert "[submit] CLOSED rule: 4.6.3 model.num_layers is 2; CLOSED requires the preset's 32" in res.stdout
     assert "not a valid CLOSED run" in res.stderr
 
 

@@ -108,15 +108,14 @@ def test_s3_from_two_hosts(cluster, workdir):
 
 
 @pytest.mark.parametrize("cluster", [2], indirect=True)
-def test_submission_on_two_hosts_drops_each_hosts_cache_and_records_both(cluster, tmp_path):
+def test_submission_on_two_hosts_drops_each_hosts_cache_and_records_both(cluster, tmp_path, apart):
     # the gap verdict (rule 2.1.24: DLIO's start-up on these 2 cores is longer than tiny
     # invocations) is allowed, nothing else: so no idle time between checkpoints to outlast it
     from test_submission import ORG, SYSTEM, TINY_8B, model_folder
-    no_wait = [a for a in TINY_8B if "time_between_checkpoints" not in a]
-    results, ckpt = tmp_path / "results", tmp_path / "ckpt"
+    results, ckpt = tmp_path / "results", apart
     cmd = [tool("dlio-ckpt-submit"), "--model", "llama3-8b", "--hosts", ",".join(cluster.names), "--num-processes",
-           "2", "--open", "--org", ORG, "--system", SYSTEM, "--results-dir", str(results), "--checkpoint-folder",
-           str(ckpt), *(f"--mpirun-arg={a}" for a in cluster.launch_args()), "--", *no_wait]
+           "2", "--open", "--accelerator-type", "b200", "--org", ORG, "--system", SYSTEM, "--results-dir", str(results), "--checkpoint-folder",
+           str(ckpt), *(f"--mpirun-arg={a}" for a in cluster.launch_args()), "--", *TINY_8B]
     res = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600,
                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", **cluster.env()})
     assert submitted_or_only_timing_broken(res.returncode, res.stderr), res.stdout[-3000:] + res.stderr[-3000:]

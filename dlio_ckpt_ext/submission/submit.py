@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from dlio_ckpt_ext import plan
-from dlio_ckpt_ext.submission import tree
+from dlio_ckpt_ext.submission import code_image, edition, fs_separation, provenance, tree
 from dlio_ckpt_ext.config import RunConfig, load_config
 from dlio_ckpt_ext.result_files import RECORD_FILE
 from dlio_ckpt_ext.errors import ConfigError
@@ -35,10 +35,6 @@ from dlio_ckpt_ext.executables import find_executable
 from dlio_ckpt_ext.redact import redact_args, redact_text, redact_tree
 from dlio_ckpt_ext.report.results import flatten
 
-CLOSED_PROCESSES = {"llama3_8b": 8, "llama3_70b": 64, "llama3_405b": 512, "llama3_1t": 1024}
-CLOSED_CHECKPOINTS = 10
-MIN_RANKS_PER_HOST = 4
-READ_START_LIMIT_S = 30.0
 
 
 @dataclass
@@ -49,6 +45,7 @@ class Submission:
     overrides: list[str] = field(default_factory=list)
     subset_data: Optional[int] = None  # subset mode: data-parallel degree of the full job
     host_ram_gib: Optional[float] = None  # RAM per host as given (default: this host's, measured)
+    accelerator: Optional[str] = None  # the simulated accelerator (rules Table 3)
 
     @property
     def ranks(self) -> int:
@@ -124,35 +121,57 @@ def host_ram_bytes() -> int:
 
 
 def check_closed_rules(sub: Submission, cfg: RunConfig, can_drop_cache: bool, ram_bytes: int) -> list[str]:
-    """Every way this run would not be a valid CLOSED submission."""
-    out = same_as_preset(sub, cfg)
-    c, par = cfg.checkpoint, cfg.parallelism
-    required = CLOSED_PROCESSES.get(cfg.model.name)
-    if required is None:
-        out.append(f"model {cfg.model.name!r} is not a CLOSED model ({', '.join(CLOSED_PROCESSES)})")
-    else:
-        job = par.data * par.tensor * par.pipeline if par.mode == "subset" else sub.ranks
-        what = "data*tensor*pipeline of the subset run" if par.mode == "subset" else "processes"
-        if job != required:
-            out.append(f"{what} is {job}; CLOSED {cfg.model.name} requires {required}")
-    for key in ("num_checkpoints_write", "num_checkpoints_read"):
-        if getattr(c, key) != CLOSED_CHECKPOINTS:
-            out.append(f"checkpoint.{key} is {getattr(c, key)}; CLOSED requires {CLOSED_CHECKPOINTS}")
-    if not c.fsync:
-        out.append("checkpoint.fsync is off; CLOSED requires it on")
-    if sub.ranks_per_host < MIN_RANKS_PER_HOST:
-        out.append(f"{sub.ranks_per_host} ranks per host; CLOSED requires at least {MIN_RANKS_PER_HOST}")
+    """Every way this run would not be a valid CLOSED submission under rules
+    edition 3.0, one line each, starting with the rule's number."""
+    out = [f"4.6.3 {v}" for v in same_as_preset(sub, cfg)]
+    c = cfg.checkpoint
+    out += edition.closed_shape_violations(cfg.model.name, sub.ranks, cfg.parallelism.mode == "subset",
+                                           [sub.ranks_per_host] * len(sub.hosts))
+    out += edition.closed_checkpoint_violations(c.num_checkpoints_write, c.num_checkpoints_read, c.fsync)
     if not can_drop_cache:
         for i, host in enumerate(sub.hosts):
             ranks = range(i * sub.ranks_per_host, (i + 1) * sub.ranks_per_host)
             written = c.num_checkpoints_write * sum(
-                plan.rank_plan(cfg.shape, par, sub.ranks, r).total_bytes for r in ranks)
+                plan.rank_plan(cfg.shape, cfg.parallelism, sub.ranks, r).total_bytes for r in ranks)
             if written >= 3 * ram_bytes:
                 continue
-            out.append(f"host {host} writes {written / 2**30:.1f} GiB, less than 3x its RAM "
+            out.append(f"4.3.1 host {host} writes {written / 2**30:.1f} GiB, less than 3x its RAM "
                        f"({3 * ram_bytes / 2**30:.1f} GiB) and the page cache cannot be dropped (not root)")
     return out
 
+
+def checkpoint_root(cfg: RunConfig) -> str:
+    from dlio_ckpt_ext.storage import join_root
+    return join_root(cfg.storage.storage_root, cfg.checkpoint.checkpoint_folder)
+
+
+#: rules whose violation makes an OPEN result invalid too
+EVERY_DIVISION_RULES = ("4.3.4", "4.4.2")
+
+
+def check_every_division(sub: Submission, cfg: RunConfig, results: Path, dry_run: bool
+                         ) -> tuple[list[str], Optional[dict]]:
+    """The rules that make CLOSED and OPEN results alike invalid: 4.3.4 (the
+    accelerators hold the checkpoint) and 4.4.2 (checkpoints and results on
+    different file systems, probed now: the evidence each invocation keeps).
+    A dry run creates no folder: it probes their nearest existing parents,
+    which a folder not yet made cannot be mounted apart from."""
+    gib = plan.checkpoint_bytes(cfg.shape, cfg.parallelism, sub.ranks) / 2**30
+    out = edition.accelerator_violations(sub.accelerator, sub.ranks, gib)
+    path = fs_separation.local_path(cfg.storage.storage_type, checkpoint_root(cfg))
+    if path is None:
+        return out, None
+    checkpoints = os.path.abspath(path)
+    if dry_run:
+        evidence = fs_separation.probe(fs_separation.existing(checkpoints), fs_separation.existing(str(results)))
+    else:
+        os.makedirs(checkpoints, exist_ok=True)
+        results.mkdir(parents=True, exist_ok=True)
+        evidence = fs_separation.probe(checkpoints, str(results))
+    if evidence["same_filesystem"]:
+        out.append(f"4.4.2 the checkpoint folder {checkpoints} and the results folder {results} are on the same file "
+                   "system (a hard link between them succeeded)")
+    return out, evidence
 
 
 def parse_hosts(text: str) -> list[str]:
@@ -219,10 +238,11 @@ def dotted(overrides: list[str]) -> dict[str, Any]:
 
 @dataclass
 class Invocation:
-    """One DLIO run of the submission: its folder, its record and DLIO's summary."""
+    """One DLIO run of the submission: its folder, its record, DLIO's summary and our metadata."""
     folder: Path
     record: dict
     summary: dict
+    meta: dict = field(default_factory=dict)
 
     @property
     def start(self) -> datetime.datetime:
@@ -237,20 +257,21 @@ class Invocation:
         return (self.end - self.start).total_seconds()
 
 
-def gap_violations(write: Invocation, read: Invocation) -> tuple[float, list[str]]:
-    """The gap between the write invocation's end and the read's start, from
-    DLIO's summary.json as the checker reads it, and the rules it breaks."""
-    gap = (read.start - write.end).total_seconds()
+def gap_violations(write: Invocation, read: Invocation) -> tuple[Optional[float], list[str]]:
+    """4.7.1's failover gap (the read invocation's start after the write
+    invocation's end, with the rules' fallbacks), and the timing rules broken:
+    that gap over 30 s, DLIO's read window starting before the write window
+    ended (4.7.1), or the gap between the two folders' runs not shorter than
+    the slower run (2.1.24, from summary.json as the checker reads it)."""
+    gap, source = edition.failover_gap(write.meta, write.summary, read.meta, read.summary)
+    out = edition.failover_violations(gap, source)
+    between = (read.start - write.end).total_seconds()
     slower = max(write.duration_s, read.duration_s)
-    out = []
-    if gap > READ_START_LIMIT_S:
-        out.append(f"4.7.1 checkpointCacheFlushValidation: the read invocation started {gap:.1f} s after the "
-                   f"write invocation ended; at most {READ_START_LIMIT_S:.0f} s")
-    if gap >= slower:
-        out.append(f"2.1.24 checkpointingTimestampGap: the gap between the invocations ({gap:.1f} s) is not "
+    if between >= slower:
+        out.append(f"2.1.24 checkpointingTimestampGap: the gap between the invocations ({between:.1f} s) is not "
                    f"shorter than the slower invocation ({slower:.1f} s)")
-    if gap < 0:
-        out.append(f"4.7.1 checkpointCacheFlushValidation: the read invocation started {-gap:.1f} s before "
+    if between < 0:
+        out.append(f"4.7.1 checkpointCacheFlushValidation: the read invocation started {-between:.1f} s before "
                    "the write invocation ended")
     return gap, out
 
@@ -278,8 +299,28 @@ def left_behind(folder: Path) -> str:
     return "" if state is None else "\n" + "\n".join(describe(state))
 
 
+@dataclass
+class Evidence:
+    """What every timestamp folder of this submission carries besides DLIO's
+    files: the code image it points at (layout 3) and the file-system probe."""
+    layout: int
+    code_image: Optional[str] = None  # tree hash of the pool image
+    fs_separation: Optional[dict] = None  # None: object storage (exempt)
+
+    def stamp_folder(self, folder: Path, parameters: dict, checkpoint_root: str) -> dict:
+        """Write the folder's evidence; the metadata keys that declare it."""
+        if self.fs_separation is not None:
+            fs_separation.write(folder, self.fs_separation)
+        if self.layout < 3:
+            return {}
+        code_image.write_pointer(folder, self.code_image)
+        tree.write_json(folder / provenance.PROVENANCE_FILE,
+                        provenance.stamp(parameters, self.code_image, checkpoint_root, self.layout))
+        return {"provenance_file": provenance.PROVENANCE_FILE}
+
+
 def run_invocation(sub: Submission, place: Place, cfg: RunConfig, phase_overrides: list[str],
-                   extra: list[str]) -> Invocation:
+                   extra: list[str], evidence: Evidence) -> Invocation:
     folder, _ = tree.new_invocation_folder(place.model_folder(cfg.model.name))
     overrides = [*sub.all_overrides, *phase_overrides]
     dlio = [find_executable("dlio_benchmark"), f"workload={sub.workload}", *overrides,
@@ -297,40 +338,51 @@ def run_invocation(sub: Submission, place: Place, cfg: RunConfig, phase_override
     if record.get("status") != "success":  # mpirun's exit code alone does not say (0 after a lost host)
         raise SystemExit(f"[submit] the invocation in {folder} did not complete (status {record.get('status')!r})")
     summary = json.loads((folder / "summary.json").read_text())
-    checkpoint_root = record["storage"]["root"]
+    root = record["storage"]["root"]
     with open(folder / tree.STDOUT_LOG, "a") as out:
-        out.write("\n" + tree.df_block([checkpoint_root, str(place.results)]) + "\n")
+        out.write("\n" + tree.df_block([root, str(place.results)]) + "\n")
     effective = record["config"]["effective"]
     c = effective["checkpoint"]
     model = tree.model_folder_name(cfg.model.name)
+    declared = evidence.stamp_folder(folder, effective, root)
     meta = tree.metadata(
         model=model, command="run", start=started, end=ended, num_processes=sub.ranks, division=place.division,
         parameters=effective, override_parameters=redact_tree(dotted(overrides)),
-        args={"model": model, "num_processes": sub.ranks, "hosts": sub.hosts, "checkpoint_folder": checkpoint_root,
+        args={"model": model, "num_processes": sub.ranks, "hosts": sub.hosts, "checkpoint_folder": root,
               "results_dir": str(place.results), "num_checkpoints_write": c["num_checkpoints_write"],
-              "num_checkpoints_read": c["num_checkpoints_read"], "client_host_memory_in_gb": sub.host_ram_gib},
-        metrics=summary.get("metric", {}), hosts=record.get("hosts", sub.hosts))
+              "num_checkpoints_read": c["num_checkpoints_read"], "client_host_memory_in_gb": sub.host_ram_gib,
+              "accelerator_type": sub.accelerator, "checkpoint_subset": c["mode"] == "subset",
+              "data_access_protocol": "file" if evidence.fs_separation is not None else "object"},
+        metrics=summary.get("metric", {}), hosts=record.get("hosts", sub.hosts), accelerator=sub.accelerator,
+        exit_status=code, **declared)
     tree.write_json(tree.metadata_path(folder), meta)
-    return Invocation(folder, record, summary)
+    return Invocation(folder, record, summary, meta)
 
 
-def run_submission(sub: Submission, place: Place, cfg: RunConfig, violations: list[str], extra: list[str]) -> int:
+def run_submission(sub: Submission, place: Place, cfg: RunConfig, violations: list[str], extra: list[str],
+                   evidence: Evidence) -> int:
     c = cfg.checkpoint
     place.results.mkdir(parents=True, exist_ok=True)
     tree.mark_results_dir(place.results, place.org)
-    write = run_invocation(sub, place, cfg, ["++workload.checkpoint.num_checkpoints_read=0"], extra)
+    if evidence.layout >= 3:
+        evidence.code_image = code_image.capture(place.results)
+        print(f"[submit] code image {code_image.POOL_DIR}/code-{evidence.code_image[:8]} "
+              f"({code_image.pointer(evidence.code_image)})", flush=True)
+    write = run_invocation(sub, place, cfg, ["++workload.checkpoint.num_checkpoints_read=0"], extra, evidence)
     dropped, cache_note = drop_caches(sub, extra)
     print(f"[submit] {cache_note}", flush=True)
     read = run_invocation(sub, place, cfg, ["++workload.checkpoint.num_checkpoints_write=0",
                                             f"++workload.checkpoint.num_checkpoints_read={c.num_checkpoints_read}"],
-                          extra)
+                          extra, evidence)
     gap, timing = gap_violations(write, read)
+    invalid = [v for v in violations if v.startswith(EVERY_DIVISION_RULES)]
     model_folder = place.model_folder(cfg.model.name)
     report = {"workload": sub.workload, "model": tree.model_folder_name(cfg.model.name), "division": place.division,
               "org": place.org, "system": place.system, "hosts": sub.hosts, "ranks_per_host": sub.ranks_per_host,
-              "ranks": sub.ranks, "overrides": redact_args(sub.all_overrides),
-              "valid": not timing, "closed_rule_violations": violations, "timing_rule_violations": timing,
-              "page_cache_dropped": dropped, "cache_note": cache_note,
+              "ranks": sub.ranks, "overrides": redact_args(sub.all_overrides), "accelerator": sub.accelerator,
+              "rules_edition": edition.RULES_EDITION, "layout_version": evidence.layout,
+              "valid": not (timing or invalid), "closed_rule_violations": violations,
+              "timing_rule_violations": timing, "page_cache_dropped": dropped, "cache_note": cache_note,
               "read_start_after_write_s": gap,
               "invocation_seconds": {"write": write.duration_s, "read": read.duration_s},
               "save": {k: write.record["save"][k] for k in ("throughput_gib_s_mean", "throughput_gib_s_std",
@@ -340,15 +392,20 @@ def run_submission(sub: Submission, place: Place, cfg: RunConfig, violations: li
               "invocations": {"write": write.folder.name, "read": read.folder.name},
               "finished_at": time.time()}
     tree.write_json(model_folder / tree.RESULTS_FILE, report)
-    print(f"[submit] the read invocation started {gap:.1f} s after the write invocation ended (DLIO's summary.json; "
-          f"the rules: under {READ_START_LIMIT_S:.0f} s and under the slower invocation, "
+    if evidence.layout >= 3:
+        provenance.write_manifest(place.results, place.division, place.org, evidence.layout)
+    print(f"[submit] the read invocation started {gap:.1f} s after the write invocation ended (its "
+          f"invocation_start_time - the write's invocation_end_time; the rules: at most "
+          f"{edition.FAILOVER_GAP_LIMIT_S:.0f} s, and DLIO's windows apart by less than the slower invocation, "
           f"{max(write.duration_s, read.duration_s):.1f} s)", flush=True)
     for v in timing:
         print(f"[submit] timing rule broken: {v}", file=sys.stderr, flush=True)
-    print(f"[submit] {place.division.upper()}{'' if not timing else ' (INVALID: timing rules broken)'}: save "
+    broken = "; ".join((["timing rules broken"] if timing else [])
+                       + ([f"rules broken: {', '.join(v.split()[0] for v in invalid)}"] if invalid else []))
+    print(f"[submit] {place.division.upper()}{'' if report['valid'] else f' (INVALID: {broken})'}: save "
           f"{report['save']['throughput_gib_s_mean']:.4f} GiB/s, load {report['load']['throughput_gib_s_mean']:.4f} "
           f"GiB/s; {model_folder / tree.RESULTS_FILE}", flush=True)
-    return 1 if timing else 0
+    return 0 if report["valid"] else 1
 
 
 def drop_caches(sub: Submission, extra: list[str]) -> tuple[bool, str]:
@@ -393,18 +450,38 @@ def system_yaml(hosts: list[str], place: Optional[Place], system: str, ram: int)
     path = place.results / place.division / place.org / "systems" / f"{system}.yaml"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
-    print(f"[submit] wrote {path}: replace every '{tree.PLACEHOLDER}' before submitting; add {path.stem}.pdf "
-          f"beside it and the benchmark code under {path.parent.parent / 'code'}")
+    listed = ""
+    if (path.parent.parent / provenance.MANIFEST_FILE).is_file():  # a layout-3 tree: keep its inventory whole
+        provenance.write_manifest(place.results, place.division, place.org, edition.DEFAULT_LAYOUT)
+        listed = f" (listed in {provenance.MANIFEST_FILE}; run `dlio-ckpt-submit manifest` after adding the PDF)"
+    print(f"[submit] wrote {path}{listed}: replace every '{tree.PLACEHOLDER}' before submitting and add "
+          f"{path.stem}.pdf beside it")
 
 
-COMMANDS = ("run", "datasize", "system-yaml")
+def manifest(place: Place, layout: int) -> int:
+    """Rewrite <division>/<org>/submission.yaml from the tree (after adding a
+    system's PDF, or removing a run folder)."""
+    if layout < 3:
+        print(f"[submit] layout version {layout} has no {provenance.MANIFEST_FILE}", file=sys.stderr)
+        return 2
+    org_dir = place.results / place.division / place.org
+    if not org_dir.is_dir():
+        print(f"[submit] no submission at {org_dir}", file=sys.stderr)
+        return 2
+    path = provenance.write_manifest(place.results, place.division, place.org, layout)
+    print(f"[submit] wrote {path}: {len(provenance.run_leaves(org_dir))} run folders")
+    return 0
+
+
+COMMANDS = ("run", "datasize", "system-yaml", "manifest")
 
 
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="dlio-ckpt-submit", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.epilog = ("commands (first argument): run (default): the submission; datasize: bytes per rank, host "
-                 "and checkpoint; system-yaml: a skeleton systems/<system>.yaml (to --results-dir, or stdout)")
+                 "and checkpoint; system-yaml: a skeleton systems/<system>.yaml (to --results-dir, or stdout); "
+                 "manifest: rewrite <division>/<org>/submission.yaml from the tree")
     what = ap.add_mutually_exclusive_group()
     what.add_argument("--workload", help="a checkpoint preset, e.g. llama3_8b_checkpoint")
     what.add_argument("--model", choices=list(tree.MODEL_FOLDERS.values()), help="mlpstorage's name of the preset")
@@ -421,6 +498,18 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--num-checkpoints-write", "-ncw", type=int)
     ap.add_argument("--num-checkpoints-read", "-ncr", type=int)
     ap.add_argument("--open", action="store_true", help="run even if CLOSED rules are broken (placed as OPEN)")
+    ap.add_argument("--accelerator-type", "-g", choices=list(edition.ACCELERATOR_MEMORY_GB),
+                    help="the simulated accelerator, recorded in the metadata (rules 4.3.4, Table 3: b200 and mi355; "
+                         "h100 and a100 are whatif only)")
+    ap.add_argument("--rules-edition", default=edition.RULES_EDITION, choices=[edition.RULES_EDITION],
+                    help="the rules edition the submission is made under (recorded in provenance.json and "
+                         "submission.yaml)")
+    ap.add_argument("--layout-version", type=int, default=edition.DEFAULT_LAYOUT, choices=edition.LAYOUT_VERSIONS,
+                    help="3 (default): the code-image pool, .mlps-code-image, provenance.json and submission.yaml "
+                         "the current checker reads; 2: the tree of mlpstorage <= 3.0.26, without them")
+    ap.add_argument("--skip-fs-separation-gate", action="store_true",
+                    help="run although checkpoints and results share a file system (a development run: the "
+                         "result is recorded as invalid, rule 4.4.2)")
     ap.add_argument("--host-ram-gib", "--client-host-memory-in-gb", "-cm", type=float,
                     help="RAM per host (default: this host's)")
     ap.add_argument("--mpirun-arg", action="append", default=[], help="extra mpirun argument (repeatable)")
@@ -452,7 +541,7 @@ def submission_from(args) -> Submission:
         if value is not None:
             overrides.append(f"++workload.checkpoint.{key}={value}")
     return Submission(workload, hosts, per_host, overrides, args.subset_data,
-                      args.host_ram_gib)
+                      args.host_ram_gib, args.accelerator_type)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -470,6 +559,13 @@ def main(argv: list[str] | None = None) -> int:
                       args.system) if args.results_dir else None
         system_yaml(hosts, place, args.system, ram)
         return 0
+    if command == "manifest":
+        if not args.results_dir:
+            print("[submit] invalid config: --results-dir=None; allowed: the submission's results folder",
+                  file=sys.stderr)
+            return 2
+        return manifest(Place(Path(args.results_dir).resolve(), "open" if args.open else "closed", args.org,
+                              args.system), args.layout_version)
     try:
         sub = submission_from(args)
         cfg = effective_config(sub)
@@ -481,19 +577,35 @@ def main(argv: list[str] | None = None) -> int:
     if command == "datasize":
         datasize(sub, cfg, ram)
         return 0
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    results = Path(args.results_dir or f"results/{sub.workload}-{stamp}").resolve()
+    try:
+        refused, probed = check_every_division(sub, cfg, results, args.dry_run)
+    except OSError as exc:
+        print(redact_text(f"[submit] 4.4.2 {exc.strerror}"), file=sys.stderr)
+        return 2
     violations = check_closed_rules(sub, cfg, os.geteuid() == 0, ram)
     for v in violations:
         print(f"[submit] CLOSED rule: {v}", flush=True)
+    gate = [v for v in refused if not (v.startswith("4.4.2") and args.skip_fs_separation_gate)]
+    for v in refused:
+        print(f"[submit] rule for CLOSED and OPEN: {v}", file=sys.stderr if v in gate else sys.stdout, flush=True)
+    if gate:
+        print("[submit] not a valid run in any division; fix the above"
+              + (" (--skip-fs-separation-gate runs a development run anyway)" if any(
+                  v.startswith("4.4.2") for v in gate) else ""), file=sys.stderr)
+        return 2
     if violations and not args.open:
         print("[submit] not a valid CLOSED run; fix the above or pass --open to run it as OPEN", file=sys.stderr)
         return 2
-    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    results = Path(args.results_dir or f"results/{sub.workload}-{stamp}").resolve()
+    violations += refused
     place = Place(results, "open" if (violations or args.open) else "closed", args.org, args.system)
     if args.dry_run:
         print(f"[submit] checked: the preset and overrides compose ({sub.workload}), the shard plan of each of "
               f"{sub.ranks} ranks against the unmodified preset's, process count, checkpoints, fsync, ranks per "
-              f"host ({sub.ranks_per_host} on each of {', '.join(sub.hosts)}), data per host against its RAM: "
+              f"host ({sub.ranks_per_host} on each of {', '.join(sub.hosts)}), data per host against its RAM, "
+              f"{sub.ranks} x {sub.accelerator}'s memory against the checkpoint, the file systems of the "
+              f"checkpoints and the results: "
               f"{'no CLOSED rule broken' if not violations else f'{len(violations)} CLOSED rule(s) broken'}")
         folder = place.model_folder(cfg.model.name) / "<YYYYMMDD_HHmmss>"
         for phase in (["++workload.checkpoint.num_checkpoints_read=0"],
@@ -503,7 +615,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[submit] would run: {' '.join(redact_args(mpirun(sub, sub.ranks_per_host, dlio, args.mpirun_arg)))}")
         print(f"[submit] would place it as {place.division.upper()} under {place.model_folder(cfg.model.name)}")
         return 0
-    return run_submission(sub, place, cfg, violations, args.mpirun_arg)
+    return run_submission(sub, place, cfg, violations, args.mpirun_arg, Evidence(args.layout_version, None, probed))
 
 
 if __name__ == "__main__":

@@ -84,18 +84,22 @@ def iso(t: float) -> str:
 
 def metadata(*, model: str, command: str, start: float, end: float, num_processes: int, division: str,
              parameters: dict, override_parameters: dict, args: dict, metrics: dict,
-             hosts: list[str]) -> dict:
-    """What the checker (args.*, verification, parameters, override_parameters)
-    and the report generator (benchmark_type, model, command, run_datetime,
-    num_processes, parameters, metrics) read from a run's metadata file."""
+             hosts: list[str], accelerator: Optional[str], exit_status: int, **declared: Any) -> dict:
+    """What the checker (args.*, verification, accelerator, invocation times,
+    parameters, override_parameters, provenance_file) and the report generator
+    (benchmark_type, model, command, run_datetime, num_processes, parameters,
+    metrics) read from a run's metadata file."""
     return {"benchmark_type": "checkpointing", "model": model, "command": command,
             "run_datetime": datetime.datetime.fromtimestamp(start).strftime(STAMP_FORMAT),
             "end_datetime": datetime.datetime.fromtimestamp(end).strftime(STAMP_FORMAT),
-            "start": iso(start), "end": iso(end), "num_processes": num_processes,
+            "start": iso(start), "end": iso(end),
+            # rules 4.7.1: the failover gap is the read's start minus the write's end
+            "invocation_start_time": iso(start), "invocation_end_time": iso(end),
+            "num_processes": num_processes,
             # lower case: the checker compares lower case, and "CLOSED" skips its CLOSED rules
-            "verification": division.lower(),
+            "verification": division.lower(), "accelerator": accelerator, "exit_status": exit_status,
             "parameters": parameters, "override_parameters": override_parameters, "args": args,
-            "metrics": metrics, "hosts": hosts, "generator": "dlio-ckpt-submit"}
+            "metrics": metrics, "hosts": hosts, "generator": "dlio-ckpt-submit", **declared}
 
 
 def metadata_path(folder: Path) -> Path:
