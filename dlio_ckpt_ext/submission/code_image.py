@@ -82,13 +82,16 @@ def code_sources() -> dict[str, Path]:
 
 
 def git_sha(path: Path) -> Optional[str]:
-    """HEAD of the checkout holding `path`, or None (an installed package)."""
+    """HEAD of the checkout whose tracked files `path` holds, or None (an
+    installed package, even one in a virtual environment inside a checkout)."""
     try:
+        tracked = subprocess.run(["git", "ls-files", "--error-unmatch", "."], cwd=path, capture_output=True,
+                                 timeout=10)
         res = subprocess.run(["git", "rev-parse", "HEAD"], cwd=path, capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.SubprocessError):
         return None
     sha = res.stdout.strip()
-    return sha if res.returncode == 0 and re.fullmatch(r"[0-9a-f]{40}", sha) else None
+    return sha if tracked.returncode == 0 and res.returncode == 0 and re.fullmatch(r"[0-9a-f]{40}", sha) else None
 
 
 def utc_now() -> str:

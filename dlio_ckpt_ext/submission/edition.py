@@ -93,14 +93,14 @@ def _time(value) -> Optional[datetime.datetime]:
 def failover_gap(write_meta: dict, write_summary: dict, read_meta: dict, read_summary: dict
                  ) -> tuple[Optional[float], str]:
     """4.7.1's failover gap as the rules define it: the read invocation's
-    invocation_start_time minus the write invocation's invocation_end_time;
-    falling back on the write side to its latest collection_timestamp, then
-    summary.json's end_time (or end), and on the read side to summary.json's
-    start_time (or start). Returns the gap in seconds (None if neither side
-    has a time) and which fields gave it."""
+    invocation_start_time minus the write invocation's invocation_end_time,
+    falling back to summary.json's end_time (or end) on the write side and its
+    start_time (or start) on the read side, for folders written before the
+    metadata carried the times. (The rules' other write-side fallback, the
+    latest collection_timestamp, comes from mlpstorage's cluster collection,
+    which this tool does not run.) Returns the gap in seconds (None if a side
+    has no time) and which fields gave it."""
     write_end = [("invocation_end_time", _time(write_meta.get("invocation_end_time")))]
-    stamps = [t for t in map(_time, write_meta.get("collection_timestamps") or []) if t]
-    write_end.append(("collection_timestamp", max(stamps) if stamps else None))
     write_end += [(f"summary {k}", _time(write_summary.get(k))) for k in ("end_time", "end")]
     read_start = [("invocation_start_time", _time(read_meta.get("invocation_start_time")))]
     read_start += [(f"summary {k}", _time(read_summary.get(k))) for k in ("start_time", "start")]

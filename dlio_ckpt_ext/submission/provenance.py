@@ -165,6 +165,19 @@ def _leaf_entry(org_dir: Path, leaf: Path) -> dict:
             "provenance": stamp_path.relative_to(org_dir).as_posix() if stamp_path.is_file() else "derived"}
 
 
+def unreferenced_images(results: Path) -> list[Path]:
+    """Pool images no run folder of any organisation points at (the checker's
+    CHECK-03 fails them: left behind when run folders are removed)."""
+    pointed = set()
+    for org_dir in results.glob("*/*"):
+        for leaf in run_leaves(org_dir):
+            pointer = leaf / code_image.POINTER_FILE
+            if pointer.is_file():
+                pointed.add(f"code-{pointer.read_text().strip().partition(':')[2][:8]}")
+    pool = results / code_image.POOL_DIR
+    return sorted(p for p in pool.glob("code-*") if p.is_dir() and p.name not in pointed)
+
+
 def write_manifest(results: Path, division: str, org: str, layout_version: int) -> Path:
     """<division>/<org>/submission.yaml from the tree as it is now (rewritten
     whole, so it lists exactly the run folders there are)."""

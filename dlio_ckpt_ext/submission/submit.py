@@ -470,6 +470,9 @@ def manifest(place: Place, layout: int) -> int:
         return 2
     path = provenance.write_manifest(place.results, place.division, place.org, layout)
     print(f"[submit] wrote {path}: {len(provenance.run_leaves(org_dir))} run folders")
+    for image in provenance.unreferenced_images(place.results):
+        print(f"[submit] {image} is a code image no run folder points at (the checker fails it, CHECK-03): "
+              "remove it", file=sys.stderr)
     return 0
 
 
