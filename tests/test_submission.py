@@ -493,6 +493,13 @@ def test_each_closed_rule_of_edition_3_is_refused_in_one_line_naming_it(tmp_path
         "[submit] not a valid CLOSED run; fix the above or pass --open to run it as OPEN"]
 
 
+def test_a_refused_run_makes_no_folder(tmp_path, apart):
+    res = submit("--workload", "llama3_tiny_checkpoint", "--ranks-per-host", "2", "--accelerator-type", "b200",
+                 "--results-dir", str(tmp_path / "r"), "--checkpoint-folder", str(apart), cwd=tmp_path, timeout=120)
+    assert res.returncode == 2 and "[submit] CLOSED rule: 4.3.3 model 'llama3_tiny' is not a CLOSED model" in res.stdout
+    assert not (tmp_path / "r").exists() and not apart.exists()
+
+
 def test_the_one_closed_subset_form_passes(tmp_path, apart):
     res = submit(*CLOSED_8B, "--subset-data", "8", "--dry-run", "--results-dir", str(tmp_path / "r"),
                  "--checkpoint-folder", str(apart), cwd=tmp_path, timeout=120)

@@ -149,25 +149,26 @@ def checkpoint_root(cfg: RunConfig) -> str:
 EVERY_DIVISION_RULES = ("4.3.4", "4.4.2")
 
 
-def check_every_division(sub: Submission, cfg: RunConfig, results: Path, dry_run: bool
+def check_every_division(sub: Submission, cfg: RunConfig, results: Path, make_folders: bool
                          ) -> tuple[list[str], Optional[dict]]:
     """The rules that make CLOSED and OPEN results alike invalid: 4.3.4 (the
     accelerators hold the checkpoint) and 4.4.2 (checkpoints and results on
-    different file systems, probed now: the evidence each invocation keeps).
-    A dry run creates no folder: it probes their nearest existing parents,
-    which a folder not yet made cannot be mounted apart from."""
+    different file systems, by a hard-link probe: the evidence each invocation
+    keeps). Before the run is decided on, no folder is made: the probe links
+    between the folders' nearest existing parents, which a folder not yet made
+    cannot be mounted apart from; the run then makes both and probes them."""
     gib = plan.checkpoint_bytes(cfg.shape, cfg.parallelism, sub.ranks) / 2**30
     out = edition.accelerator_violations(sub.accelerator, sub.ranks, gib)
     path = fs_separation.local_path(cfg.storage.storage_type, checkpoint_root(cfg))
     if path is None:
         return out, None
     checkpoints = os.path.abspath(path)
-    if dry_run:
-        evidence = fs_separation.probe(fs_separation.existing(checkpoints), fs_separation.existing(str(results)))
-    else:
+    if make_folders:
         os.makedirs(checkpoints, exist_ok=True)
         results.mkdir(parents=True, exist_ok=True)
         evidence = fs_separation.probe(checkpoints, str(results))
+    else:
+        evidence = fs_separation.probe(fs_separation.existing(checkpoints), fs_separation.existing(str(results)))
     if evidence["same_filesystem"]:
         out.append(f"4.4.2 the checkpoint folder {checkpoints} and the results folder {results} are on the same file "
                    "system (a hard link between them succeeded)")
@@ -583,7 +584,7 @@ def main(argv: list[str] | None = None) -> int:
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     results = Path(args.results_dir or f"results/{sub.workload}-{stamp}").resolve()
     try:
-        refused, probed = check_every_division(sub, cfg, results, args.dry_run)
+        refused, _ = check_every_division(sub, cfg, results, make_folders=False)
     except OSError as exc:
         print(redact_text(f"[submit] 4.4.2 {exc.strerror}"), file=sys.stderr)
         return 2
@@ -618,6 +619,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[submit] would run: {' '.join(redact_args(mpirun(sub, sub.ranks_per_host, dlio, args.mpirun_arg)))}")
         print(f"[submit] would place it as {place.division.upper()} under {place.model_folder(cfg.model.name)}")
         return 0
+    _, probed = check_every_division(sub, cfg, results, make_folders=True)
     return run_submission(sub, place, cfg, violations, args.mpirun_arg, Evidence(args.layout_version, None, probed))
 
 
