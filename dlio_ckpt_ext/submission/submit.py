@@ -149,30 +149,35 @@ def checkpoint_root(cfg: RunConfig) -> str:
 EVERY_DIVISION_RULES = ("4.3.4", "4.4.2")
 
 
-def check_every_division(sub: Submission, cfg: RunConfig, results: Path, make_folders: bool
-                         ) -> tuple[list[str], Optional[dict]]:
+def check_every_division(sub: Submission, cfg: RunConfig, results: Path) -> list[str]:
     """The rules that make CLOSED and OPEN results alike invalid: 4.3.4 (the
     accelerators hold the checkpoint) and 4.4.2 (checkpoints and results on
-    different file systems, by a hard-link probe: the evidence each invocation
-    keeps). Before the run is decided on, no folder is made: the probe links
-    between the folders' nearest existing parents, which a folder not yet made
-    cannot be mounted apart from; the run then makes both and probes them."""
+    different file systems). No folder is made before the run is decided on:
+    the probe links the folders' nearest existing parents, which a folder not
+    yet made cannot be mounted apart from."""
     gib = plan.checkpoint_bytes(cfg.shape, cfg.parallelism, sub.ranks) / 2**30
     out = edition.accelerator_violations(sub.accelerator, sub.ranks, gib)
+    evidence = probe_file_systems(cfg, results, make_folders=False)
+    if evidence and evidence["same_filesystem"]:
+        out.append(f"4.4.2 the checkpoint folder {evidence['data_or_chkpt_path']} and the results folder {results} "
+                   "are on the same file system (a hard link between them succeeded)")
+    return out
+
+
+def probe_file_systems(cfg: RunConfig, results: Path, make_folders: bool) -> Optional[dict]:
+    """4.4.2's hard-link probe between the checkpoint and results folders (made
+    first when `make_folders`, else their nearest existing parents); None for an
+    object store, which is exempt."""
     path = fs_separation.local_path(cfg.storage.storage_type, checkpoint_root(cfg))
     if path is None:
-        return out, None
+        return None
     checkpoints = os.path.abspath(path)
-    if make_folders:
-        os.makedirs(checkpoints, exist_ok=True)
-        results.mkdir(parents=True, exist_ok=True)
-        evidence = fs_separation.probe(checkpoints, str(results))
-    else:
+    if not make_folders:
         evidence = fs_separation.probe(fs_separation.existing(checkpoints), fs_separation.existing(str(results)))
-    if evidence["same_filesystem"]:
-        out.append(f"4.4.2 the checkpoint folder {checkpoints} and the results folder {results} are on the same file "
-                   "system (a hard link between them succeeded)")
-    return out, evidence
+        return {**evidence, "data_or_chkpt_path": checkpoints, "results_path": str(results)}
+    os.makedirs(checkpoints, exist_ok=True)
+    results.mkdir(parents=True, exist_ok=True)
+    return fs_separation.probe(checkpoints, str(results))
 
 
 def parse_hosts(text: str) -> list[str]:
@@ -584,7 +589,7 @@ def main(argv: list[str] | None = None) -> int:
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     results = Path(args.results_dir or f"results/{sub.workload}-{stamp}").resolve()
     try:
-        refused, _ = check_every_division(sub, cfg, results, make_folders=False)
+        refused = check_every_division(sub, cfg, results)
     except OSError as exc:
         print(redact_text(f"[submit] 4.4.2 {exc.strerror}"), file=sys.stderr)
         return 2
@@ -619,7 +624,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[submit] would run: {' '.join(redact_args(mpirun(sub, sub.ranks_per_host, dlio, args.mpirun_arg)))}")
         print(f"[submit] would place it as {place.division.upper()} under {place.model_folder(cfg.model.name)}")
         return 0
-    _, probed = check_every_division(sub, cfg, results, make_folders=True)
+    probed = probe_file_systems(cfg, results, make_folders=True)  # the evidence each folder keeps
     return run_submission(sub, place, cfg, violations, args.mpirun_arg, Evidence(args.layout_version, None, probed))
 
 
