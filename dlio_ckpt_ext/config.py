@@ -181,12 +181,29 @@ _SIZE = re.compile(r"^\s*(\d+)\s*([KMGT]i?B?)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
 
+#: S3's smallest multipart part (every part but an object's last)
+S3_MIN_PART_SIZE = 5 * MiB
+
+
+def s3_part_size(key: str, value: Any) -> int:
+    """An S3 part size in bytes, refused under `key` with the value as typed."""
+    size = parse_size(key, value)
+    if size < S3_MIN_PART_SIZE:
+        raise ConfigError(key, value, "at least 5MiB (the S3 minimum part size)")
+    return size
+
+
 def _chunk_size(value, sto: StorageConfig) -> int:
     if value != "auto":
         return parse_size("workload.streaming.chunk_size", value)
     part = (sto.storage_options or {}).get("part_size") if sto.storage_type == "s3" else None
     if part is not None:
-        return parse_size("workload.storage.storage_options.part_size", part)
+        key = "workload.storage.storage_options.part_size"
+        size = s3_part_size(key, part)
+        if size % MiB:  # chunk_size auto takes the part size, and chunks are whole MiB
+            raise ConfigError(key, part, "a multiple of 1 MiB (1048576) while workload.streaming.chunk_size "
+                                         "is auto (each part is one chunk), from 5MiB")
+        return size
     return DEFAULT_CHUNK_SIZE.get(sto.storage_type, 32 * MiB)
 
 
@@ -262,6 +279,12 @@ def load_config(workload: DictConfig | dict, comm_size: int) -> RunConfig:
     if sto.storage_type not in STORAGE_TYPES:
         raise ConfigError("workload.storage.storage_type", sto.storage_type, ", ".join(STORAGE_TYPES))
 
+    if "://" in str(sto.storage_root) and not str(sto.storage_root).split("://", 1)[1].strip("/"):
+        # checked as typed: joined with checkpoint_folder it would read as another path
+        scheme = str(sto.storage_root).split("://", 1)[0]
+        raise ConfigError("workload.storage.storage_root", sto.storage_root,
+                          f"a {scheme}:// URI that names its bucket, container or directory "
+                          f"({scheme}://NAME[/PREFIX])")
     chunk = _chunk_size(st.chunk_size, sto)
     if chunk <= 0 or chunk % MiB:
         raise ConfigError("workload.streaming.chunk_size", st.chunk_size,

@@ -66,6 +66,23 @@ def workdir(tmp_path: Path):
     shutil.rmtree(tmp_path, ignore_errors=True)
 
 
+@pytest.fixture(scope="session")
+def finished_runs(tmp_path_factory):
+    """Two finished runs of the tiny preset (2 ranks, 2 saves, 2 loads, one
+    checkpoint folder) that differ in one setting, the chunk size: shared by the
+    tests that only read a finished run's outputs (each DLIO start is ~8 s of a core a rank)."""
+    from dlio_run import run_dlio
+    runs, ckpt = [], tmp_path_factory.mktemp("ckpt")
+    for chunk in ("4MiB", "8MiB"):
+        d = tmp_path_factory.mktemp(f"run{chunk}")
+        run = run_dlio(d, 2, "llama3_tiny_checkpoint", "++workload.checkpoint.num_checkpoints_write=2",
+                       "++workload.checkpoint.num_checkpoints_read=2", f"++workload.streaming.chunk_size={chunk}",
+                       checkpoint_folder=str(ckpt))
+        assert run.returncode == 0, run.stderr[-2000:]
+        runs.append(run)
+    return runs
+
+
 def other_file_system(base: Path) -> Path:
     """A folder path (not made) on another file system than `base`: /dev/shm,
     for checkpoints that rule 4.4.2 wants apart from the results."""
@@ -85,3 +102,11 @@ def apart(tmp_path: Path):
 
 def pytest_configure(config):
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+
+def pytest_runtest_setup(item):
+    """Before any fixture of the test (a module's shared run included): whether it
+    may start DLIO. CI's install check deselects e2e tests but those marked
+    install_check, so a test that starts DLIO unmarked would slip into it."""
+    import dlio_run
+    dlio_run.STARTS_DLIO_ALLOWED = item.get_closest_marker("e2e") is not None

@@ -89,9 +89,14 @@ class Run:
         return read_rank_stats(self.out)
 
 
+#: set by conftest.py for each test: only a test marked e2e starts DLIO
+STARTS_DLIO_ALLOWED = True
+
+
 def dlio_command(workdir: Path, np: int, workload: str, *overrides: str, checkpoint_folder=None,
                  out: str = "out") -> list[str]:
     """A run's results go to workdir/out (a run refuses a folder with results in it)."""
+    assert STARTS_DLIO_ALLOWED, "a test that starts DLIO is marked pytest.mark.e2e (pytest.ini)"
     return [tool("mpirun"), "--allow-run-as-root", "--oversubscribe", "-np", str(np),
             tool("dlio_benchmark"), f"workload={workload}", f"++workload.output.folder={workdir / out}",
             f"++workload.checkpoint.checkpoint_folder={checkpoint_folder or workdir / 'ckpt'}", *overrides]

@@ -1,14 +1,19 @@
 """Generator threads under mpirun's CPU binding, in real runs: each rank's share
 of its node's CPUs as its binding allows, and a binding that starves generation said."""
 import os
+import resource
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from conftest import tool
 from dlio_run import Run
+
+pytestmark = pytest.mark.e2e  # each test starts DLIO (conftest.py)
 
 CPUS = len(os.sched_getaffinity(0))
 TWO_ONE = ["++workload.checkpoint.num_checkpoints_write=2", "++workload.checkpoint.num_checkpoints_read=1"]
@@ -98,12 +103,39 @@ def limited_steps(stats: dict) -> list[int]:
     return out
 
 
+def others_cpu_share(work) -> tuple[object, float]:
+    """work()'s result, and the CPUs that processes other than work's own kept busy
+    while it ran, as a share of the machine: the system's busy time less what
+    work's processes (all waited for) used."""
+    def busy() -> float:
+        t = psutil.cpu_times()
+        return t.user + t.nice + t.system + t.irq + t.softirq + getattr(t, "steal", 0.0)
+
+    def children() -> float:
+        r = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return r.ru_utime + r.ru_stime
+
+    busy0, own0, wall0 = busy(), children(), time.monotonic()
+    result = work()
+    others = (busy() - busy0) - (children() - own0)
+    return result, others / ((time.monotonic() - wall0) * psutil.cpu_count())
+
+
 def test_the_quickstarts_run_prints_no_warning(workdir):
     """The README's first run (2 ranks, Open MPI's default binding of a core each,
     to the local disk): a clean machine's first figures come without a warning, and
-    the rule agrees with the rank stats that it had nothing to say."""
-    run = run_bound(workdir, 2, [])
+    the rule agrees with the rank stats that it had nothing to say. On a machine
+    that other work keeps busy the generator may rightly be slower than the disk:
+    then the only warning allowed is that one, where the rank stats say so."""
+    run, others = others_cpu_share(lambda: run_bound(workdir, 2, []))
     assert run.returncode == 0, run.output[-3000:]
-    assert "[WARNING]" not in run.output, run.output[-3000:]
+    limited = []
     for stats in run.rank_stats():
-        assert limited_steps(stats) == stats["gen_thread_budget"]["generation_limited_steps"] == []
+        assert limited_steps(stats) == stats["gen_thread_budget"]["generation_limited_steps"]
+        limited += limited_steps(stats)
+    warnings = [line for line in run.output.splitlines() if "[WARNING]" in line]
+    if others < 0.1:  # a quiet machine
+        assert warnings == [] and limited == [], (others, run.output[-3000:])
+    else:
+        assert all("[WARNING] generation limited the save of checkpoint" in w for w in warnings), warnings
+        assert bool(warnings) == bool(limited), (warnings, limited)

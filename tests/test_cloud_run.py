@@ -13,6 +13,8 @@ from conftest import tool
 from dlio_run import dlio_command, run_dlio
 from test_dlio_run import TINY, zero3_file_sizes
 
+pytestmark = pytest.mark.e2e  # each test starts DLIO (conftest.py)
+
 OBJECT = ["++workload.storage.storage_type=s3", "++workload.checkpoint.num_checkpoints_write=1",
           "++workload.checkpoint.num_checkpoints_read=1"]
 
@@ -23,6 +25,7 @@ def tiny_objects(folder: str, steps=(1, 2)) -> dict[str, int]:
             for s in steps for r in (0, 1) for kind, size in (("model", model), ("optim", optim))}
 
 
+@pytest.mark.install_check
 @pytest.mark.parametrize("kind", [pytest.param(k, marks=needs(k)) for k in KINDS])
 def test_tiny_preset_writes_exact_objects_and_reads_them_back_verified(kind, workdir):
     server = start_server(kind, workdir / "data", request_log=kind == "az")

@@ -133,3 +133,31 @@ def test_a_payload_signing_nobody_knows_is_refused_naming_the_key():
         structured(ObjectOptions, {"payload_signing": "md5"}, "workload.storage.storage_options.")
     assert str(e.value) == ("invalid config: workload.storage.storage_options.payload_signing='md5'; allowed: "
                             "unsigned or sha256")
+
+
+@pytest.mark.parametrize("root", ["s3://", "s3:///", "az://", "gs://", "file://", "direct://"])
+def test_a_storage_root_uri_without_a_name_is_refused_as_typed(root):
+    e = err({"storage": {"storage_type": "s3", "storage_root": root}})
+    assert e.key == "workload.storage.storage_root" and e.value == root
+    assert str(e).startswith(f"invalid config: workload.storage.storage_root={root!r}; allowed: a "
+                             f"{root.split(':')[0]}:// URI that names its bucket")
+
+
+@pytest.mark.parametrize("part, allowed", [
+    ("1KiB", "at least 5MiB (the S3 minimum part size)"),
+    (4 << 20, "at least 5MiB (the S3 minimum part size)"),
+    ("5000000000000x", "a byte count such as"),
+    ("5242881", "a multiple of 1 MiB (1048576) while workload.streaming.chunk_size is auto"),
+])
+def test_an_s3_part_size_is_refused_under_its_own_key_as_typed(part, allowed):
+    e = err({"storage": {"storage_type": "s3", "storage_root": "s3://b/p", "storage_options": {"part_size": part}}})
+    assert (e.key, e.value) == ("workload.storage.storage_options.part_size", part)
+    assert allowed in e.allowed
+
+
+def test_the_backends_own_check_of_the_part_size_names_the_key_as_typed():
+    from dlio_ckpt_ext.storage.objstore import ObjectOptions
+    with pytest.raises(ConfigError) as e:
+        ObjectOptions(part_size="4MiB").validate("workload.storage.storage_options.")
+    assert str(e.value) == ("invalid config: workload.storage.storage_options.part_size='4MiB'; allowed: at least "
+                            "5MiB (the S3 minimum part size)")

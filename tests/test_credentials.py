@@ -10,6 +10,8 @@ from conftest import BUCKET, REPO, tool
 from dlio_run import run_dlio, submitted_or_only_timing_broken
 from s3_server import SECRET_KEY
 
+pytestmark = pytest.mark.e2e  # each test starts DLIO (conftest.py)
+
 SMALL = ["++workload.checkpoint.num_checkpoints_write=1", "++workload.checkpoint.num_checkpoints_read=1",
          "++workload.storage.storage_type=s3", f"++workload.storage.storage_root=s3://{BUCKET}/cred"]
 #: each supported way of giving the secret, with the environment it runs in

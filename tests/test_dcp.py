@@ -98,6 +98,7 @@ def _persist_order(run, steps):
     return [(shards[f"step-{s}"], commits[f"step-{s}"]) for s in steps]
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("mode", ["disabled", "async"])
 @pytest.mark.parametrize("where", ["local", "s3"])
 def test_dcp_layout_two_ranks_sync_and_async(request, workdir, mode, where):
@@ -139,6 +140,7 @@ def _async_run(workdir, interval, **kw):
     return run
 
 
+@pytest.mark.e2e
 def test_async_interval_shorter_than_persist_waits_longer_does_not(workdir):
     short = _async_run(workdir, 0, out="short")
     rows = short.record()["async"]["per_checkpoint"]
@@ -168,6 +170,7 @@ def test_async_interval_shorter_than_persist_waits_longer_does_not(workdir):
             assert "DLIO's own [METRIC] save lines time the save call" in run.stdout
 
 
+@pytest.mark.e2e
 def test_async_peak_rss_is_staging_plus_the_usual_bound(workdir):
     """An async run's peak RSS is a synchronous run's (same settings, same
     environment) plus the staging area and the chunk its content is generated
@@ -187,6 +190,7 @@ def test_async_peak_rss_is_staging_plus_the_usual_bound(workdir):
         assert 0.9 * share < grown <= stats["staging_bytes"] + 32 * MiB + 64 * MiB
 
 
+@pytest.mark.e2e
 def test_async_staging_that_does_not_fit_is_refused_before_any_io(workdir):
     # the real preset on 2 ranks: 48 GB of staging per rank on a 24 GiB machine
     run = run_dlio(workdir, 2, PRESET, "++workload.checkpoint.async_mode=async")
@@ -199,6 +203,7 @@ def test_async_staging_that_does_not_fit_is_refused_before_any_io(workdir):
     assert not re.search(r"^\[METRIC\] Checkpoint", run.output, re.M)
 
 
+@pytest.mark.e2e
 def test_a_failing_background_persist_aborts_the_job_with_a_message(workdir):
     # checkpoint 2's directory cannot be made: a file holds its name
     (workdir / "ckpt").mkdir()

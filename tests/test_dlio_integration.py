@@ -2,6 +2,7 @@
 DLIO's tracer, DLIO's result files, one results directory per run."""
 import gzip
 import json
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -10,6 +11,8 @@ import pytest
 from dlio_ckpt_ext.result_files import RECORD_FILE
 from dlio_run import NEEDS_UPSTREAM, dlio_command, run_dlio
 from test_dlio_run import zero3_file_sizes
+
+pytestmark = pytest.mark.e2e  # each test starts DLIO (conftest.py)
 
 SMALL_8B = dict(L=2, h=256, f=512, V=1024, heads=4, kv=2)
 SHRINK = ["++workload.model.num_layers=2", "++workload.model.transformer.hidden_size=256",
@@ -66,15 +69,14 @@ def test_a_trace_without_dftracers_arguments_switch_is_said(workdir):
     assert "DFTRACER_INC_METADATA" in " ".join(run.record()["warnings"])
 
 
-def test_a_results_folder_that_holds_results_is_refused(workdir):
-    first = run_dlio(workdir, 2, "llama3_tiny_checkpoint", *TWO_ONE)
-    assert first.returncode == 0, first.output[-3000:]
-    kept = (first.out / RECORD_FILE).read_text()
+def test_a_results_folder_that_holds_results_is_refused(finished_runs, workdir):
+    shutil.copytree(finished_runs[0].out, workdir / "out")  # a finished run's results where this run's go
+    kept = (workdir / "out" / RECORD_FILE).read_text()
     again = run_dlio(workdir, 2, "llama3_tiny_checkpoint", *TWO_ONE)
     assert again.returncode == 2
-    assert f"workload.output.folder='{first.out}'; allowed: a directory that holds no other run's results" \
+    assert f"workload.output.folder='{workdir / 'out'}'; allowed: a directory that holds no other run's results" \
         in again.stderr
-    assert (first.out / RECORD_FILE).read_text() == kept
+    assert (workdir / "out" / RECORD_FILE).read_text() == kept
 
 
 def test_two_runs_started_together_get_their_own_default_run_directories(workdir):

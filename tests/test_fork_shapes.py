@@ -18,6 +18,8 @@ from conftest import tool
 from dlio_ckpt_ext.config import MECHANISM_CLASS
 from test_dlio_integration import SHRINK, SMALL_8B, TWO_ONE, expected_files, on_disk
 
+pytestmark = pytest.mark.e2e  # each test starts DLIO (conftest.py)
+
 GiB = float(1 << 30)
 
 

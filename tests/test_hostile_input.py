@@ -8,6 +8,8 @@ from conftest import tool
 from dlio_ckpt_ext.report.cli import main as report_main
 from dlio_run import MLCOMMONS, run_dlio
 
+pytestmark = pytest.mark.e2e  # each test starts DLIO (conftest.py)
+
 TWO_ONE = ["++workload.checkpoint.num_checkpoints_write=2", "++workload.checkpoint.num_checkpoints_read=1"]
 
 
@@ -67,12 +69,9 @@ def test_a_sweep_goes_on_past_a_refused_job_and_the_table_lists_it(workdir):
            "allowed: at least 2" in table.stdout
 
 
-@pytest.fixture(scope="module")
-def one_run(tmp_path_factory):
-    workdir = tmp_path_factory.mktemp("one")
-    run = run_dlio(workdir, 2, "llama3_tiny_checkpoint", *TWO_ONE)
-    assert run.returncode == 0, run.output[-3000:]
-    return run
+@pytest.fixture
+def one_run(finished_runs):
+    return finished_runs[0]
 
 
 @pytest.mark.parametrize("damage, message", [

@@ -12,7 +12,7 @@ from conftest import tool
 from dlio_run import NEEDS_MLCOMMONS, NEEDS_MLPSTORAGE, run_dlio
 from test_dlio_integration import SHRINK, SMALL_8B, TWO_ONE, expected_files, on_disk
 
-pytestmark = NEEDS_MLCOMMONS
+pytestmark = [NEEDS_MLCOMMONS, pytest.mark.e2e]
 
 OURS = "++workload.checkpoint.checkpoint_mechanism_classname=dlio_ckpt_ext.dlio.mechanism.StreamingCheckpointing"
 GiB = float(1 << 30)

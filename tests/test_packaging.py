@@ -14,9 +14,12 @@ import pytest
 
 from conftest import REPO
 
+pytestmark = pytest.mark.e2e  # each test starts DLIO (conftest.py)
+
 PROBE = """
 import json, dlio_ckpt_ext, hydra_plugins.dlio_ckpt_ext_searchpath as plugin
 from hydra import compose, initialize_config_module
+
 with initialize_config_module(config_module="dlio_benchmark.configs", version_base=None):
     cfg = compose(config_name="config", overrides=["workload=llama3_405b_checkpoint"])
 print(json.dumps({"package": dlio_ckpt_ext.__file__, "plugin": plugin.__file__, "presets": plugin.presets_location(),

@@ -6,6 +6,8 @@ import pytest
 
 from dlio_run import run_dlio
 
+pytestmark = pytest.mark.e2e  # each test starts DLIO (conftest.py)
+
 
 @pytest.mark.skipif(shutil.which("iostat") is None, reason="iostat (Debian package sysstat) is not installed; "
                                                            ".ci/run installs it")

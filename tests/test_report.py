@@ -12,22 +12,14 @@ from conftest import tool
 from dlio_ckpt_ext.result_files import RECORD_FILE, RUNNING_FILE
 from dlio_ckpt_ext.report.cli import main as report_main
 from dlio_ckpt_ext.submission.submit import Submission, check_closed_rules, effective_config
-from dlio_run import run_dlio
 
 SMALL = ["++workload.checkpoint.num_checkpoints_write=2", "++workload.checkpoint.num_checkpoints_read=2"]
 
 
-@pytest.fixture(scope="module")
-def two_runs(tmp_path_factory):
-    """Two real runs that differ in one setting (the chunk size)."""
-    runs, ckpt = [], tmp_path_factory.mktemp("ckpt")
-    for chunk in ("4MiB", "8MiB"):
-        d = tmp_path_factory.mktemp(f"run{chunk}")
-        run = run_dlio(d, 2, "llama3_tiny_checkpoint", *SMALL, f"++workload.streaming.chunk_size={chunk}",
-                       checkpoint_folder=str(ckpt))
-        assert run.returncode == 0, run.stderr[-2000:]
-        runs.append(run)
-    return runs
+@pytest.fixture
+def two_runs(finished_runs):
+    """Two real runs that differ in one setting (the chunk size: 4MiB, 8MiB)."""
+    return finished_runs
 
 
 def assert_real_picture(path, min_colours=20):
@@ -36,6 +28,7 @@ def assert_real_picture(path, min_colours=20):
     assert len(np.unique(img.reshape(-1, 3), axis=0)) >= min_colours  # not a blank canvas
 
 
+@pytest.mark.e2e
 def test_results_directory_has_summary_manifest_config_and_rank_stats(two_runs):
     out = two_runs[0].out
     manifest = json.loads((out / "manifest.json").read_text())
@@ -47,6 +40,7 @@ def test_results_directory_has_summary_manifest_config_and_rank_stats(two_runs):
 
 
 
+@pytest.mark.e2e
 def test_status_of_a_finished_run(two_runs, capsys):
     out = two_runs[0].out
     assert not (out / RUNNING_FILE).exists()  # removed once the record was written
@@ -54,6 +48,7 @@ def test_status_of_a_finished_run(two_runs, capsys):
     assert "the run finished" in capsys.readouterr().out
 
 
+@pytest.mark.e2e
 def test_run_report_png_and_printed_numbers(two_runs, capsys):
     out = two_runs[0].out
     assert report_main(["run", str(out)]) == 0
@@ -63,6 +58,7 @@ def test_run_report_png_and_printed_numbers(two_runs, capsys):
     assert_real_picture(out / "report.png")
 
 
+@pytest.mark.e2e
 def test_compare_flags_the_changed_setting_next_to_the_throughput_change(two_runs, capsys):
     a, b = (r.out for r in two_runs)
     assert report_main(["compare", str(a), str(b)]) == 0
@@ -76,6 +72,7 @@ def test_compare_flags_the_changed_setting_next_to_the_throughput_change(two_run
     assert "versions: same" in printed and "environment: same" in printed
 
 
+@pytest.mark.e2e
 def test_sweep_with_hydra_multirun_gives_tables_and_chart(tmp_path):
     sweep = tmp_path / "sweep"
     cmd = [tool("mpirun"), "--allow-run-as-root", "--oversubscribe", "-np", "2", tool("dlio_benchmark"), "-m",
@@ -95,6 +92,7 @@ def test_sweep_with_hydra_multirun_gives_tables_and_chart(tmp_path):
     assert_real_picture(sweep / "sweep.png", min_colours=10)
 
 
+@pytest.mark.e2e
 def test_report_commands_reject_what_is_not_a_complete_results_directory(two_runs, tmp_path, capsys):
     assert report_main(["run", str(tmp_path)]) == 2
     assert f"is not a results directory: it has no {RECORD_FILE}" in capsys.readouterr().err

@@ -13,6 +13,9 @@ from conftest import BUCKET, tool
 from dlio_run import dlio_command, run_dlio
 from s3_server import SECRET_KEY, S3Server, free_port, start_s3_server
 from test_dlio_run import TINY, zero3_file_sizes
+
+pytestmark = pytest.mark.e2e  # each test starts DLIO (conftest.py)
+
 S3 = ["++workload.storage.storage_type=s3", "++workload.checkpoint.num_checkpoints_write=2",
       "++workload.checkpoint.num_checkpoints_read=1"]
 
@@ -29,6 +32,7 @@ def assert_tiny_objects(s3, folder: str) -> None:
     assert s3.client().list_multipart_uploads(Bucket=BUCKET, Prefix=prefix).get("Uploads", []) == []
 
 
+@pytest.mark.install_check
 def test_tiny_preset_on_s3_every_object_present_with_exact_size(s3, workdir):
     # credentials through storage_options this time: they must not leak into any output
     env = {k: v for k, v in s3.env().items() if k != "AWS_SECRET_ACCESS_KEY"}

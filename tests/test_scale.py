@@ -6,6 +6,8 @@ import pytest
 from conftest import BUCKET
 from dlio_run import UPSTREAM, run_dlio
 
+pytestmark = pytest.mark.e2e  # each test starts DLIO (conftest.py)
+
 RANKS = (1, 2, 4)
 SHRINK = ["++workload.model.num_layers=2", "++workload.model.transformer.hidden_size=256",
           "++workload.model.transformer.ffn_hidden_size=512", "++workload.model.transformer.vocab_size=1024",

@@ -17,7 +17,8 @@ from test_dlio_integration import on_disk
 
 pytestmark = [pytest.mark.skipif(why_not() is not None, reason=f"no emulated cluster: {why_not()}"),
               # the fork runs upstream's checkpoint loop, which these tests cover; CI's time is counted
-              pytest.mark.skipif(MLCOMMONS, reason="several hosts are tested on DLIO 2.0.0 and upstream main")]
+              pytest.mark.skipif(MLCOMMONS, reason="several hosts are tested on DLIO 2.0.0 and upstream main"),
+              pytest.mark.e2e]
 
 TWO_ONE = ["++workload.checkpoint.num_checkpoints_write=2", "++workload.checkpoint.num_checkpoints_read=1"]
 

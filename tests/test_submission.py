@@ -142,6 +142,8 @@ def model_folder(results: Path, division: str) -> Path:
     return results / division / ORG / "results" / SYSTEM / "checkpointing" / "llama3-8b"
 
 
+@pytest.mark.e2e
+@pytest.mark.install_check
 def test_the_tree_holds_each_invocations_files_and_the_gap(tiny_submission):
     results, ckpt, res = tiny_submission
     folder = model_folder(results, "open")
@@ -201,6 +203,8 @@ def tree_hash_as_the_rules_define_it(root: Path) -> str:
     return md5.hexdigest()
 
 
+@pytest.mark.e2e
+@pytest.mark.install_check
 def test_the_edition_3_tree_carries_accelerator_times_evidence_code_image_provenance_and_manifest(tiny_submission):
     results, ckpt, res = tiny_submission
     folder = model_folder(results, "open")
@@ -307,6 +311,8 @@ def flatten_dotted(tree: dict, prefix: str = ""):
             yield f"{prefix}{key}", value
 
 
+@pytest.mark.e2e
+@pytest.mark.install_check
 def test_the_manifest_command_lists_what_the_tree_holds_now(tiny_submission, tmp_path):
     results = tmp_path / "copy"
     shutil.copytree(tiny_submission[0], results)
@@ -337,6 +343,7 @@ def place_as_closed(results: Path) -> None:
         meta.write_text(json.dumps(data))
 
 
+@pytest.mark.e2e
 def test_mlcommons_checker_finds_only_the_tiny_runs_real_violations(mlcommons_python, tiny_submission_v2, tmp_path):
     results = tmp_path / "placed"
     shutil.copytree(tiny_submission_v2[0], results)
@@ -366,6 +373,7 @@ EVIDENCE_RULES = {"2.1.2", "2.1.5", "2.1.6", "2.1.25", "4.3.4", "4.4.2", "4.7.1"
                   "CHECK-04", "PROV-01", "PROV-02", "EDN-01", "EDN-04"}
 
 
+@pytest.mark.e2e
 def test_the_current_checker_finds_no_fault_in_the_edition_3_evidence(mlcommons_python, checker_reads_the_pool,
                                                                       tiny_submission, tmp_path):
     """MLCommons' checker of the pool and provenance, on our layout-3 OPEN tree as
@@ -389,6 +397,7 @@ def test_the_current_checker_finds_no_fault_in_the_edition_3_evidence(mlcommons_
     assert not set(checker_errors(output)) & EVIDENCE_RULES, output[-6000:]
 
 
+@pytest.mark.e2e
 def test_mlcommons_report_generator_finds_both_invocations_with_their_metrics(mlcommons_python,
                                                                               tiny_submission_v2, tmp_path):
     results = tiny_submission_v2[0]

@@ -168,6 +168,9 @@ class CheckpointSession:
         #: rank 0: this run's claim on its folders (dlio/ownership.py)
         self.lease: Optional[Lease] = None
         catch_interrupts()
+        # where an interrupt is said, found now: after SIGTERM mpirun forwards nothing and
+        # exits within about half a second, and then its /proc entries are gone with it
+        self._interrupt_stream = launcher_stream() if user_terminal() is None else None
         with self.abort_on_error("preparing the checkpoint storage"):
             self.topology: Topology = topology(comm)
             self.rank_buffer_bytes = check_memory(self.config, self.topology.ranks_per_node, self.size)
@@ -260,13 +263,12 @@ class CheckpointSession:
                 + (f" (finished before it: {', '.join(done[-6:])})" if done else ""))
         # after a Ctrl-C or SIGTERM mpirun forwards no more output (measured: none
         # of these lines came through): its terminal, or its piped stderr, is told directly
-        direct = launcher_stream() if user_terminal() is None else None
-        if direct is None:
+        if self._interrupt_stream is None:
             self._say_now(line)
             return
         with contextlib.suppress(OSError):
-            direct.write(line + "\n")
-            direct.close()
+            self._interrupt_stream.write(line + "\n")
+            self._interrupt_stream.flush()
 
     def interrupted_in_background(self, signum: int) -> None:
         """The watch thread, the moment SIGINT or SIGTERM arrives (Ctrl-C on

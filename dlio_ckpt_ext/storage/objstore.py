@@ -19,7 +19,7 @@ from typing import Optional
 
 import s3dlio
 
-from dlio_ckpt_ext.config import parse_size
+from dlio_ckpt_ext.config import parse_size, s3_part_size
 from dlio_ckpt_ext.engine.threads import usable_cpus
 from dlio_ckpt_ext.errors import ConfigError, StorageError
 from dlio_ckpt_ext.engine.storage_interface import Backend, Reader, Writer
@@ -69,9 +69,7 @@ class ObjectOptions:
                               "minio and s3torchconnector clients belong to its own checkpoint mechanisms)")
         if self.uri_scheme is not None and self.uri_scheme not in SCHEMES:
             raise ConfigError(key + "uri_scheme", self.uri_scheme, ", ".join(SCHEMES))
-        size = parse_size(key + "part_size", self.part_size)
-        if size < 5 << 20:
-            raise ConfigError(key + "part_size", self.part_size, "at least 5MiB (the S3 minimum part size)")
+        s3_part_size(key + "part_size", self.part_size)
         if self.payload_signing not in PAYLOAD_SIGNING:
             raise ConfigError(key + "payload_signing", self.payload_signing, " or ".join(PAYLOAD_SIGNING))
         if self.max_in_flight < 1:
