@@ -54,6 +54,10 @@ class Interrupted(BaseException):
 
 
 def _interrupt(signum: int, frame) -> None:
+    # said before the exception unwinds: between checkpoints it may end the
+    # interpreter before the watch thread is scheduled (seen on a loaded machine)
+    if _active is not None:
+        _active.say_signal(signum)
     raise Interrupted(signum)
 
 
@@ -162,7 +166,8 @@ class CheckpointSession:
         self.persisting_step = 0
         #: what abort_on_error is guarding now (None: between our operations)
         self.doing: Optional[str] = None
-        self._interrupt_said, self._interrupt_lock = False, threading.Lock()
+        # reentrant: the main thread's signal handler may run while that thread holds it
+        self._interrupt_said, self._interrupt_lock = False, threading.RLock()
         self.start_time = time.time()
         self.end_time = self.start_time
         #: rank 0: this run's claim on its folders (dlio/ownership.py)
@@ -279,14 +284,18 @@ class CheckpointSession:
         thread is back in Python: either writer aborts its upload or removes
         its partial file, and the upload watch finishes an abort that SIGKILL
         cut short."""
+        self.say_signal(signum)
+        if self.persister is not None and self.persister.busy:
+            self.persister.cancel()
+
+    def say_signal(self, signum: int) -> None:
+        """What SIGINT or SIGTERM stopped, said once, whichever thread gets there first."""
         busy = self.persister is not None and self.persister.busy
         if busy or self.doing is not None:
             self._say_interrupted(self._interrupted(self.doing, signum))
         else:
             self._say_interrupted(f"interrupted by {signal.Signals(signum).name} between checkpoints; no "
                                   "checkpoint file was open")
-        if busy:
-            self.persister.cancel()
 
     def _interrupted(self, what: Optional[str], signum: int) -> str:
         """What an interrupt stopped: the checkpoint persisting in the
