@@ -14,7 +14,7 @@ from typing import Any, Optional, get_type_hints
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, ValidationError
 
-from dlio_ckpt_ext import plan
+from dlio_ckpt_ext import load_plan, plan
 from dlio_ckpt_ext.errors import ConfigError
 
 MECHANISM_CLASS = "dlio_ckpt_ext.dlio.mechanism.StreamingCheckpointing"
@@ -81,6 +81,16 @@ class CheckpointConfig:
     async_mode: str = "disabled"
     rank_sync: bool = True                        # barrier before each checkpoint
     recovery_rank_shift: bool = False             # read the files of rank (r + ranks_per_node) % size
+    # What a load reads (docs/restores.md). own: every rank reads back the files
+    # it wrote (DLIO's and MLPerf's definition; CLOSED runs). framework: what the
+    # layout's framework reads restoring (DeepSpeed replicas read their
+    # model-parallel rank's model states; DCP every rank .metadata, then its data;
+    # with saved_ranks another world size, resharded).
+    restore: str = "own"                          # own | framework
+    saved_ranks: int = 0               # ranks the read checkpoint was saved at; 0 = this run's (framework only)
+    # broadcast: the ranks reading the same range split it, each reads its part
+    # from storage and broadcasts it over MPI in read_size pieces
+    share: str = "none"                           # none | broadcast
     keep_files: bool = True                       # False: delete the checkpoints after the run
     checkpoint_mechanism_classname: str = MECHANISM_CLASS  # the class DLIO loads: this package's
     # DLIO 2.0.0 reads these for its training-loop checkpoints; accepted so a
@@ -151,6 +161,13 @@ class RunConfig:
         seekable = (st.dedup_ratio, st.compress_ratio) == (1, 1)
         chosen = st.read_parallelism or DEFAULT_READ_PARALLELISM[self.storage.storage_type]
         return chosen if seekable or not st.verify else 1
+
+    def load_job(self, comm_size: int, ranks_per_node: int = 0) -> load_plan.LoadJob:
+        """What this run's loads read: its pattern, world size and the saved one;
+        ranks_per_node: the shift of recovery_rank_shift."""
+        c = self.checkpoint
+        return load_plan.LoadJob(c.restore, comm_size, c.saved_ranks or comm_size,
+                                 ranks_per_node if c.recovery_rank_shift else 0)
 
     @property
     def concurrent_files(self) -> int:
@@ -313,14 +330,44 @@ def load_config(workload: DictConfig | dict, comm_size: int) -> RunConfig:
     if st.gen_threads < 0:
         raise ConfigError("workload.streaming.gen_threads", st.gen_threads, "0 (automatic) or more")
 
+    _check_restore(c, comm_size)
+
     shape = plan.ModelShape(m.num_layers, m.transformer.hidden_size, m.transformer.ffn_hidden_size,
                             m.transformer.vocab_size, m.transformer.num_attention_heads,
                             m.transformer.num_kv_heads, m.model_datatype, m.optimizer_datatype)
     par = plan.Parallelism(m.parallelism.tensor, m.parallelism.pipeline, m.parallelism.zero_stage,
                            m.parallelism.data, c.mode, c.layout)
+    cfg = RunConfig(s, shape, par, chunk, read_size)
     try:
         plan.validate(shape, par, comm_size)
+        load_plan.validate_job(shape, par, cfg.load_job(comm_size))
     except ConfigError as exc:
         key = exc.key if exc.key.startswith(("MPI", "rank")) else f"workload.{exc.key}"
         raise ConfigError(key, exc.value, exc.allowed) from None
-    return RunConfig(s, shape, par, chunk, read_size)
+    if st.verify and (st.dedup_ratio, st.compress_ratio) != (1, 1) and c.layout == "dcp" \
+            and cfg.load_job(comm_size).resharded:
+        raise ConfigError("workload.streaming.verify", st.verify,
+                          "False for a resharded DCP restore with dedup_ratio or compress_ratio other than 1 "
+                          "(it reads saved items from inside files; such content regenerates only from a file's "
+                          "start)")
+    return cfg
+
+
+def _check_restore(c: CheckpointConfig, comm_size: int) -> None:
+    """The restore keys that depend on nothing but each other and the run."""
+    if c.restore not in load_plan.RESTORE_PATTERNS:
+        raise ConfigError("workload.checkpoint.restore", c.restore, " or ".join(load_plan.RESTORE_PATTERNS))
+    if c.share not in load_plan.SHARE_MODES:
+        raise ConfigError("workload.checkpoint.share", c.share, " or ".join(load_plan.SHARE_MODES))
+    if isinstance(c.saved_ranks, bool) or c.saved_ranks < 0:
+        raise ConfigError("workload.checkpoint.saved_ranks", c.saved_ranks, "0 (this run's ranks) or a positive "
+                                                                            "integer")
+    if c.saved_ranks not in (0, comm_size) and c.num_checkpoints_write:
+        raise ConfigError("workload.checkpoint.saved_ranks", c.saved_ranks,
+                          f"0 or this run's {comm_size} ranks while it writes checkpoints "
+                          f"(num_checkpoints_write={c.num_checkpoints_write}); a checkpoint saved at "
+                          "another world size is read with num_checkpoints_write=0")
+    if c.recovery_rank_shift and c.restore != "own":
+        raise ConfigError("workload.checkpoint.recovery_rank_shift", True,
+                          f"False with restore={c.restore} (the shift chooses whose own files a rank reads: "
+                          "restore=own)")

@@ -90,7 +90,7 @@ def test_reads_keep_several_requests_in_flight_by_default_and_one_when_content_c
     assert on_s3.read_parallelism == 32
     ck = Checkpointer(default, 0, 2, 2)
     assert ck.concurrency()["load"] == {"requests_in_flight": 16, "request_bytes": 8 << 20,
-                                        "note": "per file, at most one request per read_size piece of it"}
+                                        "note": "per file or range read, at most one request per read_size piece of it"}
     squeezed = {**TINY, "checkpoint": {"checkpoint_folder": str(tmp_path)},
                 "streaming": {**TINY["streaming"], "compress_ratio": 2, "read_size": "1MiB"}}
     cks = [Checkpointer(load_config(OmegaConf.create(squeezed), 2), r, 2, 2) for r in range(2)]
@@ -120,7 +120,7 @@ def test_async_staging_then_persist_writes_the_same_bytes_as_a_synchronous_save(
     assert written[0].fill_s == blocked["fill_s"]  # generation was staging's, reported with the file
     for name in ("__0_0.distcp", ".metadata"):
         assert (tmp_path / "sync/step-1" / name).read_bytes() == (tmp_path / "async/step-1" / name).read_bytes()
-    assert [f.nbytes for f in staged.load(1)] == [f.size for f in staged.load_files(0)]  # verify is on
+    assert [f.nbytes for f in staged.load(1)] == [r.length for r in staged.reads()]  # verify is on
 
 
 def test_with_a_barrier_only_rank_0_makes_the_directory_and_each_rank_deletes_only_its_own(tmp_path):

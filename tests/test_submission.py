@@ -489,6 +489,9 @@ CLOSED_8B = ["--model", "llama3-8b", "--hosts", "n1", "--num-processes", "8", "-
     (["--num-checkpoints-read", "0"], "4.7.1 checkpoint.num_checkpoints_read is 0; CLOSED requires 10 (run as the "
                                       "write/read split)"),
     (["--", "++workload.checkpoint.fsync=False"], "4.3.2 checkpoint.fsync is off; it must be on"),
+    (["--", "++workload.checkpoint.restore=framework"],
+     "4.6.3 checkpoint.restore=framework, share=none, saved_ranks=0: CLOSED reads back each rank's own files "
+     "(restore=own, share=none, saved at the same ranks); other restores are OPEN"),
 ])
 def test_each_closed_rule_of_edition_3_is_refused_in_one_line_naming_it(tmp_path, apart, args, line):
     named = set(a for a in args if a.startswith("--") and a != "--")

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Callable, Optional
 
-from dlio_ckpt_ext import plan
+from dlio_ckpt_ext import load_plan, plan
 from dlio_ckpt_ext.config import RunConfig
 from dlio_ckpt_ext.engine import (BufferPool, ContentSpec, FileStats, FileWindow, derive_seed, load_file,
                                   send_file, write_from_memory)
@@ -36,6 +36,9 @@ class Checkpointer:
         self.read_pool: BufferPool | None = None
         self.staging: StagingArea | None = None
         self._plans: dict[int, plan.RankPlan] = {}
+        #: what this run's loads read: pattern, world size, the saved one (load_plan)
+        self.job = cfg.load_job(comm_size, ranks_per_node)
+        self._reads: Optional[tuple[load_plan.ReadRange, ...]] = None
         #: async mode: generation seconds of each file at its last staging
         self.staged_fill_s: dict[str, float] = {}
         #: told of every chunk and file when a trace is being written
@@ -72,19 +75,22 @@ class Checkpointer:
 
     # -- plan -------------------------------------------------------------
     def rank_plan(self, rank: int) -> plan.RankPlan:
+        """The files `rank` wrote in the saved checkpoint (at the saved world
+        size: this run's whenever it writes)."""
         # kept: the inventory asks for every rank's plan once per checkpoint
         if rank not in self._plans:
-            self._plans[rank] = plan.rank_plan(self.cfg.shape, self.cfg.parallelism, self.comm_size, rank)
+            self._plans[rank] = plan.rank_plan(self.cfg.shape, self.cfg.parallelism, self.job.saved_ranks, rank)
         return self._plans[rank]
 
     def files(self, rank: int) -> tuple[plan.ShardFile, ...]:
         """The files `rank` writes before the commit (all of them, but DCP's .metadata)."""
         return self.rank_plan(rank).files
 
-    def load_files(self, rank: int) -> tuple[plan.ShardFile, ...]:
-        """What a rank reads to load `rank`'s share: DCP's .metadata first (every
-        rank reads it to find its data), then the shard files."""
-        return self.rank_plan(0).commit_files + self.files(rank)
+    def reads(self) -> tuple[load_plan.ReadRange, ...]:
+        """The ranges this rank reads in each load, in order (load_plan.rank_reads)."""
+        if self._reads is None:
+            self._reads = load_plan.rank_reads(self.cfg.shape, self.cfg.parallelism, self.job, self.rank)
+        return self._reads
 
     def directory(self, step: int, epoch: int = 1) -> str:
         return plan.checkpoint_dir(step, epoch, self.cfg.checkpoint.layout)
@@ -107,7 +113,7 @@ class Checkpointer:
 
     def checkpoint_files(self) -> dict[str, int]:
         """Every rank's files of one checkpoint, name (below its directory) -> size."""
-        return {f.name: f.size for r in range(self.comm_size)
+        return {f.name: f.size for r in range(self.job.saved_ranks)
                 for f in self.rank_plan(r).files + self.rank_plan(r).commit_files}
 
     def planned_writes(self, steps: list[int], epoch: int = 1) -> dict:
@@ -134,18 +140,21 @@ class Checkpointer:
                                "note": "per object; a file is closed after the next one's bytes were sent"}
         if c.num_checkpoints_read:
             out["load"] = {"requests_in_flight": self.cfg.read_parallelism, "request_bytes": self.cfg.read_size,
-                           "note": "per file, at most one request per read_size piece of it"}
+                           "note": "per file or range read, at most one request per read_size piece of it"}
         return out
 
-    def rank_bytes(self, rank: int, phase: str = "save") -> int:
-        """Bytes `rank` writes in one checkpoint, or reads (phase "load")."""
-        if phase == "load":
-            return sum(f.size for f in self.load_files(rank))
+    def rank_bytes(self, rank: int) -> int:
+        """Bytes `rank` writes in one checkpoint."""
         return self.rank_plan(rank).total_bytes
 
+    def load_bytes(self) -> int:
+        """Bytes this rank reads in one load (its ranges; with sharing, part of
+        them come from the other readers)."""
+        return sum(r.length for r in self.reads())
+
     def checkpoint_bytes(self) -> int:
-        """Bytes of one whole checkpoint, all ranks."""
-        return plan.checkpoint_bytes(self.cfg.shape, self.cfg.parallelism, self.comm_size)
+        """Bytes of one whole checkpoint, all ranks (at the saved world size)."""
+        return plan.checkpoint_bytes(self.cfg.shape, self.cfg.parallelism, self.job.saved_ranks)
 
     def prepare(self) -> None:
         self.backend.prepare("")
@@ -269,16 +278,17 @@ class Checkpointer:
         return saved + self._commit(directory, barrier, progress, step)
 
     def load(self, step: int, epoch: int = 1, progress: Progress = None) -> list[FileStats]:
+        """Read this rank's ranges of checkpoint `step` (load_plan), each
+        checked against the content regenerated at its offset when verifying."""
         directory = self.directory(step, epoch)
-        src = self.source_rank()
-        st = self.cfg.streaming
-        pool = self.read_buffers()
-        return [self._traced(step, "load", [load_file(
-                    self.backend, self._named(f"{directory}/{f.name}"), f.size, pool,
-                    self.content(directory, 0 if f.kind == "metadata" else src, f.name) if st.verify else None,
-                    self.cfg.read_parallelism, self.gen_threads, progress, self.cfg.read_size,
-                    self._spans(step))])[0]
-                for f in self.load_files(src)]
+        return [self._read_range(directory, r, step, progress) for r in self.reads()]
+
+    def _read_range(self, directory: str, r: load_plan.ReadRange, step: int, progress: Progress) -> FileStats:
+        content = self.content(directory, r.writer, r.name) if self.cfg.streaming.verify else None
+        return self._traced(step, "load", [load_file(
+            self.backend, self._named(f"{directory}/{r.name}"), r.file_size, self.read_buffers(), content,
+            self.cfg.read_parallelism, self.gen_threads, progress, self.cfg.read_size, self._spans(step),
+            r.offset, r.length)])[0]
 
     def inventory(self, steps: list[int], epoch: int = 1) -> dict:
         """Compare one listing of the checkpoint folder with the plan.

@@ -156,6 +156,29 @@ def skew_lines(phase: str, windows: list[dict], stalls: list[dict] = ()) -> list
     return lines
 
 
+def restore_lines(plan: dict, windows: list[dict]) -> list[str]:
+    """RESULTS' lines on what the loads read (load_plan.summary), against the
+    bytes the ranks measured: the plan's figures hold only if they agree."""
+    if not plan or not windows:
+        return []
+    measured = sorted({w["bytes"] for w in windows})
+    agree = measured == [plan["bytes_read"]]
+    saved = (f"a checkpoint saved at {plan['saved_ranks']} ranks, resharded" if plan["saved_ranks"] != plan["ranks"]
+             else "the checkpoint saved at the same world size")
+    rank_bytes = (f"{plan['rank_bytes_min']}" if plan["rank_bytes_min"] == plan["rank_bytes_max"]
+                  else f"{plan['rank_bytes_min']}-{plan['rank_bytes_max']}")
+    lines = [f"RESTORE (load): restore={plan['pattern']} share={plan['share']}, {plan['ranks']} ranks reading {saved}",
+             f"  {'bytes read per load':28s} {plan['bytes_read']} ({plan['amplification']:.3f}x the checkpoint's "
+             f"{plan['checkpoint_bytes']} bytes), per rank {rank_bytes}"
+             + ("" if agree else f"; MEASURED {', '.join(map(str, measured))}"),
+             f"  {'from storage / broadcast':28s} {plan['storage_bytes']} / {plan['broadcast_bytes']} bytes",
+             f"  {'readers per file':28s} max {plan['readers_per_file_max']}, mean {plan['readers_per_file_mean']:.2f} "
+             f"({plan['files_read']} of {plan['checkpoint_files']} files read)",
+             f"  {'ranged requests per file':28s} max {plan['requests_per_file_max']}, mean "
+             f"{plan['requests_per_file_mean']:.2f} (up to {plan['read_size'] / 2**20:g} MiB each)"]
+    return lines
+
+
 def mean_std(values: list[float]) -> tuple[float, float]:
     if not values:
         return 0.0, 0.0

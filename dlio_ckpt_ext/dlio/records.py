@@ -183,6 +183,7 @@ def write_run_record(session: CheckpointSession, reports: dict) -> None:
         record[phase] = phase_summary(session.windows[phase], reports[phase])
     record["async_mode"] = session.config.checkpoint.async_mode
     record["layout"] = session.config.checkpoint.layout
+    record["restore"] = session.restore
     if session.async_summary is not None:
         record["async"] = {**session.async_summary, "persist_is": "the save figures: each checkpoint's window "
                            "from the first rank's persist start to the commit",

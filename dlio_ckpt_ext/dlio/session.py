@@ -21,6 +21,7 @@ from omegaconf import DictConfig
 from tqdm import tqdm
 
 from dlio_ckpt_ext.checkpoint.background import BackgroundPersist
+from dlio_ckpt_ext import load_plan
 from dlio_ckpt_ext.checkpoint.checkpointer import Checkpointer, inventory_error
 from dlio_ckpt_ext.config import RunConfig, load_config
 from dlio_ckpt_ext.dlio import metrics, records, trace
@@ -153,6 +154,8 @@ class CheckpointSession:
         #: rank 0 only, after finalize: the global window of each checkpoint
         self.windows: dict[str, list[dict]] = {p: [] for p in PHASES}
         self.inventory: Optional[dict] = None
+        #: rank 0 after finalize, when the run loaded: what the loads read (load_plan.summary)
+        self.restore: Optional[dict] = None
         #: async mode: this rank's blocked part of each save; rank 0 after finalize: the summary
         self.blocked: list[dict] = []
         self.async_summary: Optional[dict] = None
@@ -455,7 +458,7 @@ class CheckpointSession:
         """The trace's span of one checkpoint operation on this rank."""
         ck = self.checkpointer
         if what == "load":
-            size, files = ck.rank_bytes(ck.source_rank(), "load"), len(ck.load_files(ck.source_rank()))
+            size, files = ck.load_bytes(), len(ck.reads())
         else:
             mine = ck.rank_plan(ck.rank)
             size, files = ck.rank_bytes(ck.rank), len(mine.files) + len(mine.commit_files)
@@ -473,7 +476,7 @@ class CheckpointSession:
         ck = self.checkpointer
         c = self.config.checkpoint
         count = c.num_checkpoints_write if phase == "save" else c.num_checkpoints_read
-        total = ck.rank_bytes(ck.rank) if phase == "save" else ck.rank_bytes(ck.source_rank(), "load")
+        total = ck.rank_bytes(ck.rank) if phase == "save" else ck.load_bytes()
         try:
             width = os.get_terminal_size(term.fileno()).columns or 100
         except OSError:
@@ -575,6 +578,11 @@ class CheckpointSession:
                 lines += metrics.client_cpu_lines(phase, reports[phase]["client_cpu"])
                 lines += metrics.slow_request_lines(reports[phase]["slow_requests"])
                 lines += metrics.skew_lines(phase, self.windows[phase], self.stalls)
+        if self.windows["load"]:
+            ck = self.checkpointer
+            self.restore = load_plan.summary(self.config.shape, self.config.parallelism, ck.job,
+                                             self.config.read_size, self.config.checkpoint.share)
+            lines += metrics.restore_lines(self.restore, self.windows["load"])
         budget = self.checkpointer.threads.describe()
         if self.local["save"]:
             how = (f"adaptive: the fewest keeping generation >= {budget['target_margin']:g}x I/O, up to "

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
+from typing import Optional
 
 import dgen_py
 
@@ -35,17 +36,27 @@ class ContentSpec:
 
 
 def generator(spec: ContentSpec, size: int, offset: int = 0, threads: int = 1,
-              chunk_size: int = 32 * BLOCK) -> "dgen_py.Generator":
-    """A dgen-py generator producing bytes [offset, offset+size) of the file."""
-    if offset:
-        if offset % BLOCK:
-            raise ValueError(f"content offset {offset} is not a multiple of {BLOCK}")
-        if not spec.seekable:
-            raise ValueError("content with dedup/compress ratios other than 1 can only be "
-                             "generated from the start of the file")
-    return dgen_py.Generator(size=size, seed=spec.seed + offset // BLOCK, max_threads=threads,
-                             chunk_size=chunk_size, dedup_ratio=float(spec.dedup_ratio),
-                             compress_ratio=float(spec.compress_ratio))
+              chunk_size: int = 32 * BLOCK, file_size: Optional[int] = None) -> "dgen_py.Generator":
+    """A dgen-py generator producing bytes [offset, offset+size) of a file of
+    file_size bytes (default: ending there). An offset inside a block (a saved
+    item a restore reads whole) starts at the block and discards the bytes
+    before it. dgen-py makes a generator's last bytes differently when it ends
+    inside a block (measured: a 9,001-byte generator's last byte is not a
+    longer one's), so a range that ends before the file does is generated to
+    its block's end, as the writer generated it, and only its bytes are used."""
+    if offset and not spec.seekable:
+        raise ValueError("content with dedup/compress ratios other than 1 can only be "
+                         "generated from the start of the file")
+    head = offset % BLOCK
+    end = offset + size
+    if file_size is not None and end < file_size:
+        end = min(file_size, -(-end // BLOCK) * BLOCK)
+    gen = dgen_py.Generator(size=end - offset + head, seed=spec.seed + offset // BLOCK, max_threads=threads,
+                            chunk_size=chunk_size, dedup_ratio=float(spec.dedup_ratio),
+                            compress_ratio=float(spec.compress_ratio))
+    if head:
+        fill_exact(gen, memoryview(bytearray(head)), 0, "the block before a range")
+    return gen
 
 
 def fill_exact(gen: "dgen_py.Generator", view: memoryview, offset: int, where: str) -> None:

@@ -77,16 +77,17 @@ def _record(stats: FileStats, chunks: list[Chunk], fill_stage: Optional[str],
 
 def _sequential(start: int, end: int, chunk: int,
                 action: Callable[[memoryview, int, int], Optional[memoryview]]):
-    """A pipeline producer handing out [start, end) in chunk-sized pieces;
-    action(buf, offset, n) puts the n bytes at offset into buf[:n], or returns
-    them in memory of its own (a lending reader)."""
+    """A pipeline producer handing out [start, end) in pieces that end at
+    multiples of chunk (only a range's first piece is shorter, where it starts
+    between them); action(buf, offset, n) puts the n bytes at offset into
+    buf[:n], or returns them in memory of its own (a lending reader)."""
     offset = start
 
     def produce(buf: memoryview) -> Optional[Chunk]:
         nonlocal offset
         if offset >= end:
             return None
-        n = min(chunk, end - offset)
+        n = min(chunk - offset % chunk, end - offset)
         piece = Chunk(offset, n, data=action(buf, offset, n))
         offset += n
         return piece
@@ -275,20 +276,23 @@ def write_from_memory(backend: Backend, path: str, data: memoryview, chunk: int,
     return _send(backend, path, len(data), send, None, FileWindow())[0]
 
 
-def _ranges(size: int, chunk: int, parallelism: int) -> list[tuple[int, int]]:
-    """Split [0, size) into up to `parallelism` contiguous chunk-aligned ranges."""
-    nchunks = -(-size // chunk)
-    per = max(1, -(-nchunks // max(1, parallelism)))
-    return [(start, min(size, start + per * chunk)) for start in range(0, size, per * chunk)]
+def _ranges(start: int, end: int, chunk: int, parallelism: int) -> list[tuple[int, int]]:
+    """Split [start, end) into up to `parallelism` contiguous ranges meeting at
+    multiples of chunk (in the file, so direct I/O stays page-aligned)."""
+    first, last = start // chunk, -(-end // chunk)
+    per = max(1, -(-(last - first) // max(1, parallelism)))
+    bounds = [max(start, c * chunk) for c in range(first, last, per)] + [end]
+    return list(zip(bounds, bounds[1:]))
 
 
 def load_file(backend: Backend, path: str, size: int, pool: BufferPool,
               content: Optional[ContentSpec] = None, parallelism: int = 1,
               gen_threads: int = 1, progress: Progress = None, request_size: int = 0,
-              spans: Optional[SpanSink] = None) -> FileStats:
-    """Read `path` back in requests of request_size (default: the pool's buffer
-    size), `parallelism` of them in flight over contiguous ranges of the file;
-    with `content`, compare every byte with the regenerated data. A reader that
+              spans: Optional[SpanSink] = None, offset: int = 0, length: Optional[int] = None) -> FileStats:
+    """Read `path` (of `size` bytes) back, or only its bytes [offset, offset +
+    length), in requests of request_size (default: the pool's buffer size),
+    `parallelism` of them in flight over contiguous ranges; with `content`,
+    compare every byte with the data regenerated at its offset. A reader that
     lends its memory reads without a copy, the pool only counting requests.
 
     A missing file, a size other than `size`, or any differing byte raises an
@@ -301,13 +305,14 @@ def load_file(backend: Backend, path: str, size: int, pool: BufferPool,
     if not reader.lends_memory and request > pool.buffer_size:
         reader.close()
         raise ValueError(f"read requests of {request} bytes do not fit the pool's {pool.buffer_size}-byte buffers")
-    stats = FileStats(name=path, nbytes=size, start=time.time() - opened_s, open_s=opened_s, io_s=opened_s)
+    end = size if length is None else offset + length
+    stats = FileStats(name=path, nbytes=end - offset, start=time.time() - opened_s, open_s=opened_s, io_s=opened_s)
     try:
         if not reader.lends_memory and reader.size != size:
             raise VerificationError(f"{backend.uri(path)} has {reader.size} bytes, expected {size}")
-        ranges = _ranges(size, request, parallelism)
+        ranges = _ranges(offset, end, request, parallelism)
         was_read, verified = (stage_span(spans, stage, path, request) for stage in ("read", "verify"))
-        if content is not None and len(ranges) > 1 and not content.seekable:
+        if content is not None and (len(ranges) > 1 or offset) and not content.seekable:
             raise ValueError("parallel verified reads need dedup_ratio = compress_ratio = 1")
 
         def read(buf: memoryview, offset: int, n: int) -> Optional[memoryview]:
@@ -324,11 +329,11 @@ def load_file(backend: Backend, path: str, size: int, pool: BufferPool,
         expected = pool.scratch(request) if content is not None else None
 
         def verify(c: Chunk) -> None:
-            start, end = next(r for r in ranges if r[0] <= c.offset < r[1])
-            if start not in gens:
-                gens[start] = generator(content, end - start, offset=start, threads=gen_threads,
-                                        chunk_size=request)
-            gens[start].fill_chunk(expected[:c.nbytes])
+            first, last = next(r for r in ranges if r[0] <= c.offset < r[1])
+            if first not in gens:
+                gens[first] = generator(content, last - first, offset=first, threads=gen_threads,
+                                        chunk_size=request, file_size=size)
+            gens[first].fill_chunk(expected[:c.nbytes])
             got = c.data if c.data is not None else c.buffer
             first = _first_difference(got[:c.nbytes], expected[:c.nbytes])
             if first >= 0:

@@ -6,6 +6,7 @@
   dlio-ckpt-report uploads s3://BUCKET/PREFIX|az://CONTAINER/PREFIX [--abort]
   dlio-ckpt-report traces RESULTS_DIR [--out-dir DIR]
   dlio-ckpt-report status RESULTS_DIR [--remove-incomplete]
+  dlio-ckpt-report plan --workload W --ranks N [--json FILE] [hydra overrides]
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from dlio_ckpt_ext.errors import StorageError
+from dlio_ckpt_ext.errors import ConfigError, StorageError
 from dlio_ckpt_ext.report.results import ResultsError, load_result
 from dlio_ckpt_ext.result_files import RECORD_FILE
 
@@ -93,6 +94,12 @@ def _status(args) -> int:
     return 1
 
 
+def _plan(args) -> int:
+    from dlio_ckpt_ext.report.load_plans import plan_command
+    print("\n".join(plan_command(args.workload, args.ranks, args.overrides, args.json)))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="dlio-ckpt-report", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -124,10 +131,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--remove-incomplete", action="store_true",
                    help="delete the half-written checkpoints' files and abort the run's open uploads")
     p.set_defaults(func=_status)
+    p = sub.add_parser("plan", help="what each rank of a load would read (bytes, requests, fan-in, amplification), "
+                                    "for any preset, pattern and rank count, without running it")
+    p.add_argument("--workload", required=True, help="a checkpoint preset, e.g. llama3_8b_checkpoint")
+    p.add_argument("--ranks", type=int, required=True, help="ranks of the loading job")
+    p.add_argument("--json", help="also write the plan's counts (every rank's) to this file")
+    p.add_argument("overrides", nargs="*", help="hydra overrides, e.g. ++workload.checkpoint.restore=framework "
+                                                "++workload.checkpoint.saved_ranks=1024")
+    p.set_defaults(func=_plan)
     args = ap.parse_args(argv)
     try:
         return args.func(args)
-    except (ResultsError, StorageError) as exc:
+    except (ResultsError, StorageError, ConfigError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
 

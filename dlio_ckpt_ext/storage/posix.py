@@ -137,7 +137,18 @@ class PosixReader(Reader):
             os.posix_fadvise(self.fd, 0, 0, os.POSIX_FADV_DONTNEED)
 
     def readinto(self, offset: int, buf: memoryview, length: int) -> int:
-        # O_DIRECT needs whole pages: ask for length rounded up; EOF cuts it short.
+        # O_DIRECT needs whole pages: a range starting inside a page (a saved item
+        # a restore reads) is read from the page's start and moved down; the
+        # engine ends that first request at a read_size boundary, so it fits buf
+        head = offset % PAGE if self.direct else 0
+        got = self._read_pages(offset - head, buf, head + length)
+        if head:
+            got = max(0, got - head)
+            buf[:got] = buf[head:head + got]
+        return got
+
+    def _read_pages(self, offset: int, buf: memoryview, length: int) -> int:
+        # O_DIRECT: ask for length rounded up to whole pages; EOF cuts it short
         want = -(-length // PAGE) * PAGE if self.direct else length
         done = 0
         try:

@@ -28,12 +28,13 @@ from typing import Any, Optional
 
 from dlio_ckpt_ext import plan
 from dlio_ckpt_ext.submission import code_image, edition, fs_separation, provenance, tree
-from dlio_ckpt_ext.config import RunConfig, load_config
+from dlio_ckpt_ext.config import RunConfig
 from dlio_ckpt_ext.result_files import RECORD_FILE
 from dlio_ckpt_ext.errors import ConfigError
 from dlio_ckpt_ext.executables import find_executable
 from dlio_ckpt_ext.redact import redact_args, redact_text, redact_tree
 from dlio_ckpt_ext.report.results import flatten
+from dlio_ckpt_ext.tools.presets import compose_config, presets  # noqa: F401 (presets: for callers)
 
 
 
@@ -63,29 +64,11 @@ class Submission:
         return [*self.overrides, *self.mode_overrides]
 
 
-def presets() -> list[str]:
-    from hydra_plugins.dlio_ckpt_ext_searchpath import presets_location
-    location = presets_location()
-    if location.startswith("file://"):
-        folder = Path(location[len("file://"):]) / "workload"
-    else:
-        import importlib.resources
-        folder = Path(str(importlib.resources.files("dlio_ckpt_ext.configs") / "workload"))
-    return sorted(p.stem for p in folder.glob("*_checkpoint.yaml"))
-
-
 def effective_config(sub: Submission, with_user_overrides: bool = True) -> RunConfig:
     """The preset with the overrides, composed by hydra exactly as dlio_benchmark would
     (without the user's overrides: the preset as CLOSED requires it)."""
-    from hydra import compose, initialize_config_module
-    from hydra.errors import MissingConfigException
-    overrides = sub.all_overrides if with_user_overrides else sub.mode_overrides
-    try:
-        with initialize_config_module(config_module="dlio_benchmark.configs", version_base=None):
-            cfg = compose(config_name="config", overrides=[f"workload={sub.workload}", *overrides])
-    except MissingConfigException:
-        raise ConfigError("--workload", sub.workload, "one of the checkpoint presets: " + ", ".join(presets()))
-    return load_config(cfg.workload, sub.ranks)
+    return compose_config(sub.workload, sub.all_overrides if with_user_overrides else sub.mode_overrides,
+                          sub.ranks)
 
 
 def written(cfg: RunConfig) -> dict:
@@ -128,6 +111,10 @@ def check_closed_rules(sub: Submission, cfg: RunConfig, can_drop_cache: bool, ra
     out += edition.closed_shape_violations(cfg.model.name, sub.ranks, cfg.parallelism.mode == "subset",
                                            [sub.ranks_per_host] * len(sub.hosts))
     out += edition.closed_checkpoint_violations(c.num_checkpoints_write, c.num_checkpoints_read, c.fsync)
+    if (c.restore, c.share, c.saved_ranks or sub.ranks) != ("own", "none", sub.ranks):
+        out.append(f"4.6.3 checkpoint.restore={c.restore}, share={c.share}, saved_ranks={c.saved_ranks}: CLOSED "
+                   "reads back each rank's own files (restore=own, share=none, saved at the same ranks); "
+                   "other restores are OPEN")
     if not can_drop_cache:
         for i, host in enumerate(sub.hosts):
             ranks = range(i * sub.ranks_per_host, (i + 1) * sub.ranks_per_host)
@@ -360,7 +347,8 @@ def run_invocation(sub: Submission, place: Place, cfg: RunConfig, phase_override
               "accelerator_type": sub.accelerator, "checkpoint_subset": c["mode"] == "subset",
               "data_access_protocol": "file" if evidence.fs_separation is not None else "object"},
         metrics=summary.get("metric", {}), hosts=record.get("hosts", sub.hosts), accelerator=sub.accelerator,
-        exit_status=code, **declared)
+        exit_status=code, restore={"pattern": c.get("restore", "own"), "share": c.get("share", "none"),
+                                   "saved_ranks": c.get("saved_ranks") or sub.ranks}, **declared)
     tree.write_json(tree.metadata_path(folder), meta)
     return Invocation(folder, record, summary, meta)
 

@@ -1,0 +1,285 @@
+"""Load plans: the byte ranges each rank of a loading job reads from a saved checkpoint.
+
+A save plan (plan.rank_plan) says which files a rank writes; a load plan says
+which (file, offset, length) ranges a rank of the loading job reads, from the
+saved checkpoint's layout and world size and the loading job's pattern and
+world size. Pure arithmetic, like the save plan, so it can be printed for
+1,024 ranks without running anything and checked against a server's request
+counters at a few ranks. The frameworks each pattern follows are in
+docs/restores.md.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Iterable
+
+from dlio_ckpt_ext import plan
+from dlio_ckpt_ext.errors import ConfigError
+
+#: own: every rank reads back the files it wrote (DLIO's and MLPerf's definition);
+#: framework: what the layout's framework reads on a restore (another world size: resharded)
+RESTORE_PATTERNS = ("own", "framework")
+#: none: every rank reads all its ranges; broadcast: the ranks reading the same range
+#: split it, each reads its part and broadcasts it to the others
+SHARE_MODES = ("none", "broadcast")
+
+
+@dataclass(frozen=True)
+class ReadRange:
+    """Bytes [offset, offset + length) of one saved file."""
+    name: str        # below the checkpoint directory
+    offset: int
+    length: int
+    writer: int      # the saved rank that wrote the file: whose content it holds
+    file_size: int
+
+    @property
+    def key(self) -> tuple[str, int, int]:
+        return self.name, self.offset, self.length
+
+
+@dataclass(frozen=True)
+class LoadJob:
+    """The loading job: its pattern, its world size and the saved one."""
+    pattern: str = "own"
+    ranks: int = 1
+    saved_ranks: int = 1
+    #: own pattern: rank r reads the files of rank (r + shift) % ranks (recovery_rank_shift)
+    shift: int = 0
+
+    @property
+    def resharded(self) -> bool:
+        return self.saved_ranks != self.ranks
+
+
+def validate_job(m: plan.ModelShape, p: plan.Parallelism, job: LoadJob) -> None:
+    """Raise ConfigError for a load no framework makes (keys as DLIO's config names them)."""
+    if job.pattern not in RESTORE_PATTERNS:
+        raise ConfigError("checkpoint.restore", job.pattern, " or ".join(RESTORE_PATTERNS))
+    if isinstance(job.saved_ranks, bool) or not isinstance(job.saved_ranks, int) or job.saved_ranks <= 0:
+        raise ConfigError("checkpoint.saved_ranks", job.saved_ranks, "a positive integer (0: this run's ranks)")
+    if job.resharded:
+        if job.pattern == "own":
+            raise ConfigError("checkpoint.saved_ranks", job.saved_ranks,
+                              f"this run's {job.ranks} ranks with restore=own (each rank reads the files it "
+                              "wrote); a checkpoint saved at another world size is read with restore=framework")
+        if p.mode == "subset":
+            raise ConfigError("checkpoint.saved_ranks", job.saved_ranks,
+                              "this run's ranks in subset mode (a subset's files are no whole checkpoint to "
+                              "reshard)")
+        try:
+            plan.validate(m, p, job.saved_ranks)
+        except ConfigError as exc:
+            raise ConfigError("checkpoint.saved_ranks", job.saved_ranks,
+                              f"a world size the layout can be saved at ({exc.key}: {exc.allowed})") from None
+
+
+def _whole(f: plan.ShardFile, writer: int) -> ReadRange:
+    return ReadRange(f.name, 0, f.size, writer, f.size)
+
+
+def _saved(m: plan.ModelShape, p: plan.Parallelism, job: LoadJob, rank: int) -> plan.RankPlan:
+    return _saved_plan(m, p, job.saved_ranks, rank)
+
+
+@lru_cache(maxsize=4096)
+def _saved_plan(m: plan.ModelShape, p: plan.Parallelism, world: int, rank: int) -> plan.RankPlan:
+    return plan.rank_plan(m, p, world, rank)
+
+
+def _metadata(m: plan.ModelShape, p: plan.Parallelism, job: LoadJob) -> list[ReadRange]:
+    """DCP's .metadata, read whole by every rank before its data (DCP's read_metadata)."""
+    return [_whole(f, 0) for f in _saved(m, p, job, 0).commit_files]
+
+
+# -- DCP: FSDP row shards, resharded by overlapping rows ---------------------------------------------
+def dcp_items(m: plan.ModelShape, world: int, rank: int) -> list[tuple[int, int, int, int, int]]:
+    """The items of rank's `__{rank}_0.distcp` at world size `world`, in file
+    order: (tensor index, first row, rows, offset, length). The model's
+    parameters first, then the optimizer's two moments of each parameter, as a
+    torchtitan state dict lists them ({"model": ..., "optimizer": ...})."""
+    mbytes, obytes = (plan.DTYPE_BYTES[m.model_datatype], plan.DTYPE_BYTES[m.optimizer_datatype])
+    tensors = plan.dcp_tensors(m)
+    items, offset = [], 0
+    for dtype_bytes, entries in ((mbytes, 1), (obytes, 2)):
+        for t, (rows, cols) in enumerate(tensors):
+            mine = plan.fsdp_rows(rows, world, rank)
+            if not mine:
+                continue
+            first = rank * -(-rows // world)
+            for _ in range(entries):
+                length = mine * cols * dtype_bytes
+                items.append((t, first, mine, offset, length))
+                offset += length
+    return items
+
+
+_dcp_items_cached = lru_cache(maxsize=4096)(dcp_items)
+
+
+def _coalesce(ranges: Iterable[ReadRange]) -> list[ReadRange]:
+    """Adjacent ranges of one file as one request stream (a file system reads
+    them as one sequential stream, s3torchconnector coalesces them into ranged GETs)."""
+    out: list[ReadRange] = []
+    for r in ranges:
+        last = out[-1] if out else None
+        if last and last.name == r.name and last.offset + last.length == r.offset:
+            out[-1] = ReadRange(r.name, last.offset, last.length + r.length, r.writer, r.file_size)
+        else:
+            out.append(r)
+    return out
+
+
+def _rows(rows: int, world: int, rank: int) -> tuple[int, int]:
+    """[first, end) rows of a tensor's dim 0 that `rank` holds under FSDP."""
+    first = rank * -(-rows // world)
+    return first, first + plan.fsdp_rows(rows, world, rank)
+
+
+def _dcp_resharded(m: plan.ModelShape, p: plan.Parallelism, job: LoadJob, rank: int) -> list[ReadRange]:
+    """Every saved item whose rows overlap this rank's new rows, whole (DCP's
+    planner asks for the overlap, its reader loads each saved item it touches
+    whole and narrows it in memory), in saved rank and file order. Decided per
+    distinct tensor shape (a layer's tensors repeat num_layers times): a saved
+    file all of whose items are touched is one range, without walking them."""
+    new_world, old_world = job.ranks, job.saved_ranks
+    shapes = sorted(set(plan.dcp_tensors(m)))
+    wanted = {shape: _rows(shape[0], new_world, rank) for shape in shapes}
+    candidates = sorted({s for (rows, _), (lo, hi) in wanted.items() if hi > lo
+                         for s in range(lo // -(-rows // old_world), (hi - 1) // -(-rows // old_world) + 1)})
+    tensors = plan.dcp_tensors(m)
+    out: list[ReadRange] = []
+    for s in candidates:
+        f = _saved(m, p, job, s).files[0]
+        held = {shape: _rows(shape[0], old_world, s) for shape in shapes}
+        touched = {shape for shape in shapes
+                   if held[shape][0] < held[shape][1] and held[shape][0] < wanted[shape][1]
+                   and wanted[shape][0] < held[shape][1]}
+        if all(shape in touched for shape in shapes if held[shape][0] < held[shape][1]):
+            out.append(_whole(f, s))
+            continue
+        out += _coalesce(ReadRange(f.name, offset, length, s, f.size)
+                         for t, _, _, offset, length in _dcp_items_cached(m, old_world, s)
+                         if tensors[t] in touched)
+    return out
+
+
+# -- DeepSpeed -------------------------------------------------------------------------------------
+def _deepspeed_model_states(m: plan.ModelShape, p: plan.Parallelism, job: LoadJob, rank: int) -> list[ReadRange]:
+    """The model-states files DeepSpeed's _load_checkpoint reads on `rank`.
+    Without pipeline stages: the sorted glob of its family's model-states files
+    (_get_all_ckpt_names) goes to SDLoaderFactory, whose check_ckpt_list loads
+    the first, model-parallel rank 0's, whole before load() reads this rank's
+    own: two files (the same one twice on model-parallel rank 0). ZeRO-0/1/2:
+    the files data-parallel rank 0 wrote, so every replica reads them; ZeRO-3:
+    its own data-parallel rank's (at another world size universal loading
+    reads data-parallel rank 0's). With pipeline stages every replica loads
+    every layer file of its stage (PipelineModule.load_state_dir)."""
+    mp = p.tensor * p.pipeline
+    mp_rank, dp_rank = rank % mp, rank // mp
+    if p.pipeline > 1:
+        return [_whole(f, mp_rank) for f in _saved(m, p, job, mp_rank).files if f.kind == "model"]
+    dp_writer = dp_rank * mp if p.zero_stage == 3 and not job.resharded else 0
+    out = []
+    for writer in (dp_writer, dp_writer + mp_rank):
+        out += [_whole(f, writer) for f in _saved(m, p, job, writer).files if f.kind == "model"]
+    return out
+
+
+def _deepspeed_optimizer(m: plan.ModelShape, p: plan.Parallelism, job: LoadJob, rank: int) -> list[ReadRange]:
+    """The optimizer partitions `rank` reads. At the saved world size its own
+    (_get_all_zero_checkpoint_state_dicts loads only the rank's own unless
+    elastic_checkpoint is set; ZeRO-0 keeps them with the first replica's
+    model states). At another one DeepSpeed refuses every ZeRO checkpoint
+    (_load_zero_checkpoint: "not currently supported") but its universal one,
+    which we emulate on the saved files, by bytes: ZeRO-3 loads every
+    parameter's whole optimizer state on every rank
+    (load_hp_checkpoint_state_from_checkpoint_dir_stage3), so a rank reads
+    every saved partition; ZeRO-1/2 loads the parameters overlapping its new
+    partition whole, so a rank reads the saved partitions of its
+    model-parallel rank that overlap its new flat range."""
+    mp = p.tensor * p.pipeline
+    mp_rank, dp_rank = rank % mp, rank // mp
+    if p.zero_stage == 0:
+        writers = [mp_rank]
+    elif not job.resharded:
+        writers = [rank]
+    elif p.zero_stage == 3:
+        writers = list(range(job.saved_ranks))
+    else:
+        old_dp, new_dp = job.saved_ranks // mp, job.ranks // mp
+        # flat ranges in units of 1 / (old_dp * new_dp) of the model-parallel rank's parameters
+        lo, hi = dp_rank * old_dp, (dp_rank + 1) * old_dp
+        writers = [d * mp + mp_rank for d in range(old_dp) if d * new_dp < hi and lo < (d + 1) * new_dp]
+    return [_whole(f, w) for w in writers for f in _saved(m, p, job, w).files if f.kind == "optimizer"]
+
+
+def rank_reads(m: plan.ModelShape, p: plan.Parallelism, job: LoadJob, rank: int) -> tuple[ReadRange, ...]:
+    """The ranges `rank` of the loading job reads, in the order it reads them."""
+    if not 0 <= rank < job.ranks:
+        raise ConfigError("rank", rank, f"0..{job.ranks - 1}")
+    if job.pattern == "own":
+        src = (rank + job.shift) % job.ranks
+        return tuple(_metadata(m, p, job) + [_whole(f, src) for f in _saved(m, p, job, src).files])
+    if p.layout == "dcp":
+        if not job.resharded:
+            return tuple(_metadata(m, p, job) + [_whole(f, rank) for f in _saved(m, p, job, rank).files])
+        return tuple(_metadata(m, p, job) + _dcp_resharded(m, p, job, rank))
+    return tuple(_deepspeed_model_states(m, p, job, rank) + _deepspeed_optimizer(m, p, job, rank))
+
+
+def saved_files(m: plan.ModelShape, p: plan.Parallelism, saved_ranks: int) -> dict[str, int]:
+    """Every file of the saved checkpoint, name -> size."""
+    return {f.name: f.size for r in range(saved_ranks)
+            for f in _saved_plan(m, p, saved_ranks, r).files + _saved_plan(m, p, saved_ranks, r).commit_files}
+
+
+def requests(r: ReadRange, read_size: int) -> int:
+    """Ranged requests reading r in read_size pieces (the engine's requests)."""
+    return -(-r.length // read_size)
+
+
+def summary(m: plan.ModelShape, p: plan.Parallelism, job: LoadJob, read_size: int,
+            share: str = "none") -> dict:
+    """The whole job's load, from the plans alone: bytes and requests per rank,
+    readers per file (fan-in), bytes read against the checkpoint's size
+    (amplification), and with sharing the bytes storage serves and the
+    broadcast carries. O(ranks x ranges a rank reads)."""
+    files = saved_files(m, p, job.saved_ranks)
+    size = sum(files.values())
+    readers: dict[str, set[int]] = {}
+    range_readers: dict[tuple, int] = {}
+    per_rank = []
+    for rank in range(job.ranks):
+        reads = rank_reads(m, p, job, rank)
+        for r in reads:
+            readers.setdefault(r.name, set()).add(rank)
+            range_readers[r.key] = range_readers.get(r.key, 0) + 1
+        per_rank.append((rank, sum(r.length for r in reads), sum(requests(r, read_size) for r in reads), reads))
+    total = sum(b for _, b, _, _ in per_rank)
+    req_by_file: dict[str, int] = {}
+    for _, _, _, reads in per_rank:
+        for r in reads:
+            req_by_file[r.name] = req_by_file.get(r.name, 0) + requests(r, read_size)
+    if share == "broadcast":
+        storage = sum(length for (_, _, length) in range_readers)
+        storage_requests = sum(-(-length // read_size) for (_, _, length) in range_readers)
+    else:
+        storage, storage_requests = total, sum(q for _, _, q, _ in per_rank)
+    fan_in = [len(v) for v in readers.values()] or [0]
+    rank_bytes = [b for _, b, _, _ in per_rank]
+    return {"pattern": job.pattern, "share": share, "ranks": job.ranks, "saved_ranks": job.saved_ranks,
+            "layout": p.layout, "read_size": read_size,
+            "checkpoint_bytes": size, "checkpoint_files": len(files),
+            "bytes_read": total, "storage_bytes": storage, "broadcast_bytes": total - storage,
+            "amplification": total / size if size else 0.0,
+            "storage_amplification": storage / size if size else 0.0,
+            "requests": sum(q for _, _, q, _ in per_rank), "storage_requests": storage_requests,
+            "files_read": len(readers), "files_unread": len(files) - len(readers),
+            "readers_per_file_max": max(fan_in), "readers_per_file_mean": sum(fan_in) / len(fan_in),
+            "requests_per_file_max": max(req_by_file.values(), default=0),
+            "requests_per_file_mean": (sum(req_by_file.values()) / len(req_by_file)) if req_by_file else 0.0,
+            "rank_bytes_min": min(rank_bytes), "rank_bytes_max": max(rank_bytes),
+            "per_rank": [{"rank": rank, "bytes": b, "requests": q, "ranges": len(reads)}
+                         for rank, b, q, reads in per_rank]}

@@ -1,0 +1,98 @@
+"""Restores through the checkpointer onto a real directory, no DLIO: a
+checkpoint saved at one world size read at another, every byte verified."""
+import os
+
+import pytest
+from omegaconf import OmegaConf
+
+from dlio_ckpt_ext import load_plan
+from dlio_ckpt_ext.checkpoint.checkpointer import Checkpointer
+from dlio_ckpt_ext.config import load_config
+from dlio_ckpt_ext.errors import ConfigError, VerificationError
+
+SHAPE = {"num_layers": 2, "transformer": {"hidden_size": 256, "ffn_hidden_size": 512, "vocab_size": 1024,
+                                          "num_attention_heads": 4, "num_kv_heads": 2}}
+#: layers of 4 and 8 rows: at 3 ranks a saved file is read in parts
+ODD = {"num_layers": 1, "transformer": {"hidden_size": 8, "ffn_hidden_size": 8, "vocab_size": 4,
+                                        "num_attention_heads": 2, "num_kv_heads": 1}}
+STREAM = {"chunk_size": "1MiB", "read_size": "1MiB", "verify": True}
+
+
+def checkpointers(folder, ranks, shape, parallelism, **checkpoint):
+    cfg = load_config(OmegaConf.create({"model": {**shape, "parallelism": parallelism}, "streaming": STREAM,
+                                        "checkpoint": {"checkpoint_folder": str(folder), **checkpoint}}), ranks)
+    return [Checkpointer(cfg, r, ranks, ranks) for r in range(ranks)]
+
+
+def save(folder, ranks, shape, parallelism, layout):
+    writers = checkpointers(folder, ranks, shape, parallelism, layout=layout)
+    for ck in writers:
+        ck.prepare()
+        ck.save(1)
+    for ck in writers:  # DCP's commit: rank 0's .metadata once every rank is done
+        ck._save_generated(ck.directory(1), ck.rank_plan(ck.rank).commit_files, None, 1)
+    return writers
+
+
+def restore(folder, ranks, saved, shape, parallelism, layout):
+    return checkpointers(folder, ranks, shape, parallelism, layout=layout, restore="framework", saved_ranks=saved,
+                         num_checkpoints_write=0, num_checkpoints_read=1)
+
+
+@pytest.mark.parametrize("layout, zero, shape, saved, ranks", [
+    ("dcp", 0, SHAPE, 4, 2), ("dcp", 0, SHAPE, 4, 3), ("dcp", 0, ODD, 4, 3),
+    ("deepspeed", 3, SHAPE, 2, 4), ("deepspeed", 1, SHAPE, 4, 2),
+])
+def test_a_resharded_restore_reads_its_plan_and_every_byte_verifies(tmp_path, layout, zero, shape, saved, ranks):
+    save(tmp_path, saved, shape, {"zero_stage": zero}, layout)
+    readers = restore(tmp_path, ranks, saved, shape, {"zero_stage": zero}, layout)
+    assert readers[0].inventory([1])["ok"]  # the saved layout's files, at the saved world size
+    total = 0
+    for ck in readers:
+        ck.prepare()
+        loaded = ck.load(1)  # verify=True: every range against the content at its offset
+        assert [(f.name.split("/", 1)[1], f.nbytes) for f in loaded] == [(r.name, r.length) for r in ck.reads()]
+        total += sum(f.nbytes for f in loaded)
+        ck.close()
+    assert total == load_plan.summary(readers[0].cfg.shape, readers[0].cfg.parallelism, readers[0].job,
+                                      readers[0].cfg.read_size)["bytes_read"]
+
+
+def test_a_damaged_byte_inside_a_range_read_is_named_at_its_offset(tmp_path):
+    save(tmp_path, 4, ODD, {"zero_stage": 0}, "dcp")
+    ck = restore(tmp_path, 3, 4, ODD, {"zero_stage": 0}, "dcp")[1]
+    r = next(r for r in ck.reads() if r.name.endswith(".distcp") and r.offset > 0)
+    path = tmp_path / ck.directory(1) / r.name
+    with open(path, "r+b") as fh:
+        fh.seek(r.offset + 3)
+        byte = fh.read(1)
+        fh.seek(r.offset + 3)
+        fh.write(bytes([byte[0] ^ 0xFF]))
+    ck.prepare()
+    with pytest.raises(VerificationError, match=f"{r.name} differs from the written data at byte offset {r.offset + 3}"):
+        ck.load(1)
+
+
+def test_a_restore_of_a_checkpoint_saved_at_another_size_checks_the_saved_files(tmp_path):
+    save(tmp_path, 2, SHAPE, {"zero_stage": 3}, "deepspeed")
+    readers = restore(tmp_path, 4, 4, SHAPE, {"zero_stage": 3}, "deepspeed")  # told 4: it was 2
+    result = readers[0].inventory([1])
+    assert not result["ok"] and result["message"] == "4 files present, 8 expected, 4 missing, 4 with a wrong size"
+
+
+@pytest.mark.parametrize("checkpoint, key, words", [
+    ({"saved_ranks": 4}, "workload.checkpoint.saved_ranks", "0 or this run's 2 ranks while it writes"),
+    ({"saved_ranks": 4, "num_checkpoints_write": 0}, "workload.checkpoint.saved_ranks", "restore=framework"),
+    ({"restore": "latest"}, "workload.checkpoint.restore", "own or framework"),
+    ({"share": "multicast"}, "workload.checkpoint.share", "none or broadcast"),
+    ({"restore": "framework", "recovery_rank_shift": True}, "workload.checkpoint.recovery_rank_shift",
+     "False with restore=framework"),
+    ({"restore": "framework", "saved_ranks": 3, "num_checkpoints_write": 0, "layout": "deepspeed"},
+     "workload.checkpoint.saved_ranks", "a world size the layout can be saved at"),
+])
+def test_restore_settings_no_job_can_have_are_refused_under_their_key(tmp_path, checkpoint, key, words):
+    with pytest.raises(ConfigError) as exc:
+        parallel = {"pipeline": 2, "zero_stage": 1} if checkpoint.get("saved_ranks") == 3 else {}
+        load_config(OmegaConf.create({"model": {**SHAPE, "parallelism": parallel},
+                                      "checkpoint": {"checkpoint_folder": str(tmp_path), **checkpoint}}), 2)
+    assert exc.value.key == key and words in str(exc.value), str(exc.value)
