@@ -229,6 +229,30 @@ def rank_reads(m: plan.ModelShape, p: plan.Parallelism, job: LoadJob, rank: int)
     return tuple(_deepspeed_model_states(m, p, job, rank) + _deepspeed_optimizer(m, p, job, rank))
 
 
+def range_readers(m: plan.ModelShape, p: plan.Parallelism, job: LoadJob, r: ReadRange) -> tuple[int, ...]:
+    """Every rank of the loading job whose plan reads exactly range r: the
+    group that shares it (share=broadcast). O(the ranks that could read it)."""
+    if r.name in {f.name for f in _saved(m, p, job, 0).commit_files}:
+        return tuple(range(job.ranks))  # DCP's .metadata: every rank, whole
+    return tuple(c for c in _candidate_readers(m, p, job, r) if r in rank_reads(m, p, job, c))
+
+
+def _candidate_readers(m: plan.ModelShape, p: plan.Parallelism, job: LoadJob, r: ReadRange) -> Iterable[int]:
+    if job.pattern == "own":
+        return [(r.writer - job.shift) % job.ranks]
+    if p.layout == "dcp":
+        if not job.resharded:
+            return [r.writer]
+        found: set[int] = set()  # the new ranks whose rows meet the saved rank's, in any tensor
+        for rows, _ in set(plan.dcp_tensors(m)):
+            lo, hi = _rows(rows, job.saved_ranks, r.writer)
+            if hi > lo:
+                per = -(-rows // job.ranks)
+                found.update(range(lo // per, min(job.ranks, (hi - 1) // per + 1)))
+        return sorted(found)
+    return range(job.ranks)  # DeepSpeed: model-parallel rank 0's model states reach every rank
+
+
 def saved_files(m: plan.ModelShape, p: plan.Parallelism, saved_ranks: int) -> dict[str, int]:
     """Every file of the saved checkpoint, name -> size."""
     return {f.name: f.size for r in range(saved_ranks)
@@ -236,8 +260,13 @@ def saved_files(m: plan.ModelShape, p: plan.Parallelism, saved_ranks: int) -> di
 
 
 def requests(r: ReadRange, read_size: int) -> int:
-    """Ranged requests reading r in read_size pieces (the engine's requests)."""
-    return -(-r.length // read_size)
+    """Requests reading r as the engine does: pieces ending at multiples of
+    read_size in the file (a range starting between two has a short first one)."""
+    return _pieces(r.offset, r.length, read_size)
+
+
+def _pieces(offset: int, length: int, read_size: int) -> int:
+    return -(-(offset + length) // read_size) - offset // read_size if length else 0
 
 
 def summary(m: plan.ModelShape, p: plan.Parallelism, job: LoadJob, read_size: int,
@@ -264,7 +293,7 @@ def summary(m: plan.ModelShape, p: plan.Parallelism, job: LoadJob, read_size: in
             req_by_file[r.name] = req_by_file.get(r.name, 0) + requests(r, read_size)
     if share == "broadcast":
         storage = sum(length for (_, _, length) in range_readers)
-        storage_requests = sum(-(-length // read_size) for (_, _, length) in range_readers)
+        storage_requests = sum(_pieces(offset, length, read_size) for (_, offset, length) in range_readers)
     else:
         storage, storage_requests = total, sum(q for _, _, q, _ in per_rank)
     fan_in = [len(v) for v in readers.values()] or [0]

@@ -96,3 +96,70 @@ def test_restore_settings_no_job_can_have_are_refused_under_their_key(tmp_path, 
         load_config(OmegaConf.create({"model": {**SHAPE, "parallelism": parallel},
                                       "checkpoint": {"checkpoint_folder": str(tmp_path), **checkpoint}}), 2)
     assert exc.value.key == key and words in str(exc.value), str(exc.value)
+
+
+class ThreadGroup:
+    """engine.share.Broadcast among threads: what MPI's Bcast does, for a test without MPI."""
+
+    def __init__(self, members, rank, shared):
+        self.index, self.size, self.shared = members.index(rank), len(members), shared
+
+    def bcast(self, buf, root):
+        box, barrier = self.shared
+        if self.index == root:
+            box[0] = bytes(buf)
+        barrier.wait()
+        if self.index != root:
+            buf[:] = box[0]
+        barrier.wait()
+
+
+def run_in_threads(readers, action):
+    import threading
+    groups, lock, errors = {}, threading.Lock(), []
+
+    def sharer_for(rank):
+        def sharer(members):
+            with lock:
+                shared = groups.setdefault(members, ([None], threading.Barrier(len(members))))
+            return ThreadGroup(members, rank, shared)
+        return sharer
+
+    results = [None] * len(readers)
+
+    def one(i, ck):
+        try:
+            ck.sharer = sharer_for(ck.rank)
+            ck.prepare()
+            results[i] = action(ck)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+            for _, barrier in groups.values():
+                barrier.abort()
+    threads = [threading.Thread(target=one, args=(i, ck)) for i, ck in enumerate(readers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    if errors:
+        raise errors[0]
+    return results
+
+
+@pytest.mark.parametrize("layout, zero, pipeline, saved, ranks", [
+    ("deepspeed", 1, 2, 6, 6),   # every layer file read by the 3 replicas of its stage
+    ("dcp", 0, 1, 4, 3),         # resharded: the new ranks overlapping a saved file share it
+])
+def test_sharing_reads_each_range_once_from_storage_and_every_rank_gets_its_bytes(
+        tmp_path, layout, zero, pipeline, saved, ranks):
+    parallel = {"zero_stage": zero, "pipeline": pipeline}
+    save(tmp_path, saved, SHAPE, parallel, layout)
+    readers = checkpointers(tmp_path, ranks, SHAPE, parallel, layout=layout, restore="framework", saved_ranks=saved,
+                            num_checkpoints_write=0, num_checkpoints_read=1, share="broadcast")
+    got = run_in_threads(readers, lambda ck: (sum(f.nbytes for f in ck.load(1)), dict(ck.last_broadcast),
+                                              sum(r.length for r in dict.fromkeys(ck.reads()))))
+    ck = readers[0]
+    plan = load_plan.summary(ck.cfg.shape, ck.cfg.parallelism, ck.job, ck.cfg.read_size, "broadcast")
+    assert sum(storage for storage, _, _ in got) == plan["storage_bytes"] < plan["bytes_read"]
+    for storage, broadcast, wanted in got:  # verify=True: every received piece checked too
+        assert storage + broadcast["broadcast_bytes"] == wanted

@@ -11,7 +11,8 @@ from dlio_ckpt_ext import load_plan, plan
 from dlio_ckpt_ext.config import RunConfig
 from dlio_ckpt_ext.engine import (BufferPool, ContentSpec, FileStats, FileWindow, derive_seed, load_file,
                                   send_file, write_from_memory)
-from dlio_ckpt_ext.engine.buffers import PAGE
+from dlio_ckpt_ext.engine.buffers import PAGE, allocate, release
+from dlio_ckpt_ext.engine.share import Broadcast, read_shared
 from dlio_ckpt_ext.engine.spans import SpanSink, Tracer
 from dlio_ckpt_ext.engine.staging import StagingArea, stage_file
 from dlio_ckpt_ext.engine.stream import Progress
@@ -39,6 +40,12 @@ class Checkpointer:
         #: what this run's loads read: pattern, world size, the saved one (load_plan)
         self.job = cfg.load_job(comm_size, ranks_per_node)
         self._reads: Optional[tuple[load_plan.ReadRange, ...]] = None
+        self._groups: Optional[list[tuple[tuple[int, ...], list[load_plan.ReadRange]]]] = None
+        #: share=broadcast: makes the group of ranks reading a range (the DLIO layer's, over MPI)
+        self.sharer: Optional[Callable[[tuple[int, ...]], Broadcast]] = None
+        #: share=broadcast: what the last load received by broadcast, and its seconds
+        self.last_broadcast = {"broadcast_bytes": 0, "broadcast_s": 0.0}
+        self._share_window: Optional[tuple] = None
         #: async mode: generation seconds of each file at its last staging
         self.staged_fill_s: dict[str, float] = {}
         #: told of every chunk and file when a trace is being written
@@ -91,6 +98,19 @@ class Checkpointer:
         if self._reads is None:
             self._reads = load_plan.rank_reads(self.cfg.shape, self.cfg.parallelism, self.job, self.rank)
         return self._reads
+
+    def share_groups(self) -> list[tuple[tuple[int, ...], list[load_plan.ReadRange]]]:
+        """share=broadcast: this rank's distinct ranges by the ranks reading them,
+        in the order every rank takes them (by members, then by range), so
+        the groups' broadcasts never wait on one another in a circle."""
+        if self._groups is None:
+            groups: dict[tuple[int, ...], list[load_plan.ReadRange]] = {}
+            for r in dict.fromkeys(self.reads()):
+                members = load_plan.range_readers(self.cfg.shape, self.cfg.parallelism, self.job, r)
+                groups.setdefault(members, []).append(r)
+            self._groups = sorted(((m, sorted(rs, key=lambda r: r.key)) for m, rs in groups.items()),
+                                  key=lambda g: g[0])
+        return self._groups
 
     def directory(self, step: int, epoch: int = 1) -> str:
         return plan.checkpoint_dir(step, epoch, self.cfg.checkpoint.layout)
@@ -168,6 +188,8 @@ class Checkpointer:
             pool = self.read_buffers()
             if self.cfg.streaming.verify:
                 pool.scratch(self.cfg.read_size)
+            if self.cfg.checkpoint.share == "broadcast":
+                self.share_buffers()
 
     def _prepare(self, directory: str, barrier: Optional[Callable[[], None]]) -> None:
         """The checkpoint's directory, made by rank 0 while the others wait at
@@ -279,9 +301,43 @@ class Checkpointer:
 
     def load(self, step: int, epoch: int = 1, progress: Progress = None) -> list[FileStats]:
         """Read this rank's ranges of checkpoint `step` (load_plan), each
-        checked against the content regenerated at its offset when verifying."""
+        checked against the content regenerated at its offset when verifying;
+        with share=broadcast, a range several ranks read is split among them.
+        Returns the storage reads only (the broadcast is in last_broadcast)."""
         directory = self.directory(step, epoch)
-        return [self._read_range(directory, r, step, progress) for r in self.reads()]
+        if self.cfg.checkpoint.share != "broadcast":
+            return [self._read_range(directory, r, step, progress) for r in self.reads()]
+        self.last_broadcast = {"broadcast_bytes": 0, "broadcast_s": 0.0}
+        out = []
+        for members, ranges in self.share_groups():
+            if len(members) == 1:
+                out += [self._read_range(directory, r, step, progress) for r in ranges]
+                continue
+            group = self.sharer(members)
+            for r in ranges:
+                out += self._share_range(directory, r, group, step, progress)
+        return out
+
+    def _share_range(self, directory: str, r: load_plan.ReadRange, group: Broadcast, step: int,
+                     progress: Progress) -> list[FileStats]:
+        pool, st = self.read_buffers(), self.cfg.streaming
+        window, received = self.share_buffers()
+        shared = read_shared(self.backend, self._named(f"{directory}/{r.name}"), r.file_size, r.offset, r.length,
+                             group, pool, window, received,
+                             self.cfg.read_size, self.cfg.read_parallelism,
+                             self.content(directory, r.writer, r.name) if st.verify else None, self.gen_threads,
+                             progress, pool.scratch(self.cfg.read_size) if st.verify else None)
+        self.last_broadcast["broadcast_bytes"] += shared.broadcast_bytes
+        self.last_broadcast["broadcast_s"] += shared.broadcast_s
+        return self._traced(step, "load", shared.storage)
+
+    def share_buffers(self) -> tuple[memoryview, memoryview]:
+        """share=broadcast: one window of this rank's part (a request in flight
+        each), and one piece received."""
+        if self._share_window is None:
+            self._share_window = (allocate(self.cfg.read_parallelism * self.cfg.read_size),
+                                  allocate(self.cfg.read_size))
+        return memoryview(self._share_window[0]), memoryview(self._share_window[1])
 
     def _read_range(self, directory: str, r: load_plan.ReadRange, step: int, progress: Progress) -> FileStats:
         content = self.content(directory, r.writer, r.name) if self.cfg.streaming.verify else None
@@ -328,7 +384,9 @@ class Checkpointer:
         for pool in (self.pool, self.read_pool, self.staging):
             if pool is not None:
                 pool.close()
-        self.pool = self.read_pool = self.staging = None
+        for buf in self._share_window or ():
+            release(buf)
+        self.pool = self.read_pool = self.staging = self._share_window = None
 
 
 def inventory_error(result: dict) -> StorageError:

@@ -25,11 +25,15 @@ def local_record(step: int, files: list[FileStats], start: float, end: float, us
             "files": [f.to_dict() for f in files]}
 
 
+#: share=broadcast: what a rank's load received from the other readers, and its seconds
+BROADCAST_KEYS = ("broadcast_bytes", "broadcast_s")
+
+
 def window_part(record: dict, rank: int, host: str) -> dict:
     """What rank 0 needs of a rank's record for the global window: no file or
     chunk detail (gathered from every rank, it must stay O(1) per rank)."""
     return {k: record[k] for k in ("step", "start", "end", "elapsed_s", "bytes", *USAGE_KEYS)} | \
-        {"rank": rank, "host": host}
+        {k: record[k] for k in BROADCAST_KEYS if k in record} | {"rank": rank, "host": host}
 
 
 def global_window(records_by_rank: list[dict]) -> dict:
@@ -63,7 +67,8 @@ def global_window(records_by_rank: list[dict]) -> dict:
             "spread_s": last["end"] - first["end"],
             "slowest_rank": slowest.get("rank"), "slowest_rank_host": slowest.get("host"),
             "slowest_host": slow_host, "hosts": per_host,
-            **{k: sum(r[k] for r in records_by_rank) for k in USAGE_KEYS}}
+            **{k: sum(r[k] for r in records_by_rank) for k in USAGE_KEYS},
+            **{k: sum(r[k] for r in records_by_rank) for k in BROADCAST_KEYS if k in records_by_rank[0]}}
 
 
 def client_cpu(windows: list[dict], node_cpus: int) -> dict:
@@ -161,17 +166,22 @@ def restore_lines(plan: dict, windows: list[dict]) -> list[str]:
     bytes the ranks measured: the plan's figures hold only if they agree."""
     if not plan or not windows:
         return []
+    # the windows' bytes are what storage served; with sharing the rest came by broadcast
     measured = sorted({w["bytes"] for w in windows})
-    agree = measured == [plan["bytes_read"]]
+    agree = measured == [plan["storage_bytes"]]
+    received = sorted({w["broadcast_bytes"] for w in windows if "broadcast_bytes" in w})
     saved = (f"a checkpoint saved at {plan['saved_ranks']} ranks, resharded" if plan["saved_ranks"] != plan["ranks"]
              else "the checkpoint saved at the same world size")
     rank_bytes = (f"{plan['rank_bytes_min']}" if plan["rank_bytes_min"] == plan["rank_bytes_max"]
                   else f"{plan['rank_bytes_min']}-{plan['rank_bytes_max']}")
     lines = [f"RESTORE (load): restore={plan['pattern']} share={plan['share']}, {plan['ranks']} ranks reading {saved}",
              f"  {'bytes read per load':28s} {plan['bytes_read']} ({plan['amplification']:.3f}x the checkpoint's "
-             f"{plan['checkpoint_bytes']} bytes), per rank {rank_bytes}"
-             + ("" if agree else f"; MEASURED {', '.join(map(str, measured))}"),
-             f"  {'from storage / broadcast':28s} {plan['storage_bytes']} / {plan['broadcast_bytes']} bytes",
+             f"{plan['checkpoint_bytes']} bytes), per rank {rank_bytes}",
+             f"  {'from storage / broadcast':28s} {plan['storage_bytes']} / {plan['broadcast_bytes']} bytes"
+             + ("" if agree else f"; MEASURED from storage {', '.join(map(str, measured))}")
+             + (f"; received by broadcast {', '.join(map(str, received))}, "
+                f"{sum(w['broadcast_s'] for w in windows) / len(windows) / plan['ranks']:.3f} s a rank a load"
+                if received else ""),
              f"  {'readers per file':28s} max {plan['readers_per_file_max']}, mean {plan['readers_per_file_mean']:.2f} "
              f"({plan['files_read']} of {plan['checkpoint_files']} files read)",
              f"  {'ranged requests per file':28s} max {plan['requests_per_file_max']}, mean "

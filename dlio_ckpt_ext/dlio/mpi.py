@@ -90,3 +90,35 @@ def user_terminal() -> Optional[TextIO]:
         return open(target, "w") if target.startswith(("/dev/pts/", "/dev/tty")) else None
     except OSError:
         return None
+
+
+class SharingGroups:
+    """share=broadcast: the communicator of each group of ranks reading the same
+    range, made once (MPI_Comm_create_group: collective over its members only,
+    so each rank makes only its own groups, in the order every rank takes them)."""
+
+    def __init__(self, comm) -> None:
+        self.comm = comm
+        self._made: dict[tuple[int, ...], _GroupBroadcast] = {}
+
+    def __call__(self, members: tuple[int, ...]) -> "_GroupBroadcast":
+        if members not in self._made:
+            sub = self.comm.Create_group(self.comm.group.Incl(list(members)))
+            self._made[members] = _GroupBroadcast(sub)
+        return self._made[members]
+
+    def free(self) -> None:
+        for group in self._made.values():
+            group.comm.Free()
+        self._made.clear()
+
+
+class _GroupBroadcast:
+    """engine.share.Broadcast over one MPI communicator (members in rank order)."""
+
+    def __init__(self, comm) -> None:
+        self.comm, self.index, self.size = comm, comm.rank, comm.size
+
+    def bcast(self, buf: memoryview, root: int) -> None:
+        from mpi4py import MPI
+        self.comm.Bcast([buf, MPI.BYTE], root=root)

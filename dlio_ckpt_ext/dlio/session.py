@@ -25,7 +25,7 @@ from dlio_ckpt_ext import load_plan
 from dlio_ckpt_ext.checkpoint.checkpointer import Checkpointer, inventory_error
 from dlio_ckpt_ext.config import RunConfig, load_config
 from dlio_ckpt_ext.dlio import metrics, records, trace
-from dlio_ckpt_ext.dlio.mpi import Topology, abort, launcher_stream, topology, user_terminal
+from dlio_ckpt_ext.dlio.mpi import SharingGroups, Topology, abort, launcher_stream, topology, user_terminal
 from dlio_ckpt_ext.dlio.ownership import Folder, Lease
 from dlio_ckpt_ext.dlio.stalls import StallWatch
 from dlio_ckpt_ext.engine.profile import (FileStats, phase_report, phase_totals, process_usage, slow_requests,
@@ -165,6 +165,8 @@ class CheckpointSession:
         #: per phase, rank 0's sum of every rank's CPU in the windows (metrics.client_cpu)
         self.client_cpu: dict[str, dict] = {}
         self.persister: Optional[BackgroundPersist] = None
+        #: share=broadcast: the groups of ranks reading the same ranges
+        self.sharing: Optional[SharingGroups] = None
         #: the step persisting in the background (async mode)
         self.persisting_step = 0
         #: what abort_on_error is guarding now (None: between our operations)
@@ -187,6 +189,7 @@ class CheckpointSession:
             self.checkpointer.tracer = trace.chunk_tracer(self.rank)
             self._claim_folders("output")
             self.checkpointer.prepare()
+            self.sharing = self._sharing_groups()
         self.stall_watch = StallWatch(self.rank, self.config.streaming.stall_warning_s, self._stalled_where,
                                       self._say_now)
         #: rank 0 after finalize: every rank's stalls
@@ -209,6 +212,19 @@ class CheckpointSession:
             with self.abort_on_error("writing the run's marker"):
                 records.write_running(self)
             self._announce()
+
+    def _sharing_groups(self) -> Optional[SharingGroups]:
+        """share=broadcast: every group this rank reads a range with, made now
+        (outside the windows) in the order every rank takes them."""
+        c = self.config.checkpoint
+        if c.share != "broadcast" or not c.num_checkpoints_read:
+            return None
+        groups = SharingGroups(self.comm)
+        for members, _ in self.checkpointer.share_groups():
+            if len(members) > 1:
+                groups(members)
+        self.checkpointer.sharer = groups
+        return groups
 
     def _claim_folders(self, which: str) -> None:
         """Rank 0 claims the output folder (before any checkpoint I/O) or the
@@ -417,7 +433,10 @@ class CheckpointSession:
                 self.stall_watch.end()
             end = time.time()
             usage = usage_since(usage)
-        self.local[phase].append(metrics.local_record(step, files, start, end, usage))
+        record = metrics.local_record(step, files, start, end, usage)
+        if phase == "load" and self.sharing is not None:
+            record.update(self.checkpointer.last_broadcast)
+        self.local[phase].append(record)
         self.files[phase].extend(files)
         return files
 
@@ -536,6 +555,8 @@ class CheckpointSession:
             records.remove_running(self)
             if self.lease is not None:
                 self.lease.release()
+        if self.sharing is not None:
+            self.sharing.free()
         self.checkpointer.close()
         self.comm.barrier()
 

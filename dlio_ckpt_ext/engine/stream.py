@@ -26,7 +26,7 @@ _libc = ctypes.CDLL(ctypes.util.find_library("c"))
 _libc.memcmp.argtypes = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)
 
 
-def _first_difference(a: memoryview, b: memoryview) -> int:
+def first_difference(a: memoryview, b: memoryview) -> int:
     """Offset of the first differing byte of two equal-length buffers, or -1.
 
     memcmp (GIL released, memory speed) for the common equal case; memoryview
@@ -276,7 +276,7 @@ def write_from_memory(backend: Backend, path: str, data: memoryview, chunk: int,
     return _send(backend, path, len(data), send, None, FileWindow())[0]
 
 
-def _ranges(start: int, end: int, chunk: int, parallelism: int) -> list[tuple[int, int]]:
+def split_range(start: int, end: int, chunk: int, parallelism: int) -> list[tuple[int, int]]:
     """Split [start, end) into up to `parallelism` contiguous ranges meeting at
     multiples of chunk (in the file, so direct I/O stays page-aligned)."""
     first, last = start // chunk, -(-end // chunk)
@@ -288,12 +288,15 @@ def _ranges(start: int, end: int, chunk: int, parallelism: int) -> list[tuple[in
 def load_file(backend: Backend, path: str, size: int, pool: BufferPool,
               content: Optional[ContentSpec] = None, parallelism: int = 1,
               gen_threads: int = 1, progress: Progress = None, request_size: int = 0,
-              spans: Optional[SpanSink] = None, offset: int = 0, length: Optional[int] = None) -> FileStats:
+              spans: Optional[SpanSink] = None, offset: int = 0, length: Optional[int] = None,
+              deliver: Optional[Callable[[int, memoryview], None]] = None) -> FileStats:
     """Read `path` (of `size` bytes) back, or only its bytes [offset, offset +
     length), in requests of request_size (default: the pool's buffer size),
     `parallelism` of them in flight over contiguous ranges; with `content`,
     compare every byte with the data regenerated at its offset. A reader that
     lends its memory reads without a copy, the pool only counting requests.
+    deliver(offset, bytes), when given, gets every chunk read, in the order
+    consumed (a broadcast keeps them), before its buffer is reused.
 
     A missing file, a size other than `size`, or any differing byte raises an
     error naming the file (and the offset of the first difference).
@@ -310,7 +313,7 @@ def load_file(backend: Backend, path: str, size: int, pool: BufferPool,
     try:
         if not reader.lends_memory and reader.size != size:
             raise VerificationError(f"{backend.uri(path)} has {reader.size} bytes, expected {size}")
-        ranges = _ranges(offset, end, request, parallelism)
+        ranges = split_range(offset, end, request, parallelism)
         was_read, verified = (stage_span(spans, stage, path, request) for stage in ("read", "verify"))
         if content is not None and (len(ranges) > 1 or offset) and not content.seekable:
             raise ValueError("parallel verified reads need dedup_ratio = compress_ratio = 1")
@@ -335,7 +338,7 @@ def load_file(backend: Backend, path: str, size: int, pool: BufferPool,
                                         chunk_size=request, file_size=size)
             gens[first].fill_chunk(expected[:c.nbytes])
             got = c.data if c.data is not None else c.buffer
-            first = _first_difference(got[:c.nbytes], expected[:c.nbytes])
+            first = first_difference(got[:c.nbytes], expected[:c.nbytes])
             if first >= 0:
                 raise VerificationError(f"{backend.uri(path)} differs from the written data at byte "
                                         f"offset {c.offset + first}")
@@ -346,6 +349,8 @@ def load_file(backend: Backend, path: str, size: int, pool: BufferPool,
                 verify(c)
                 if verified:
                     verified(c.offset, c.nbytes, started)
+            if deliver is not None:
+                deliver(c.offset, (c.data if c.data is not None else c.buffer)[:c.nbytes])
             if progress:
                 progress(c.nbytes)
         chunks = pipeline.run(pool, [_sequential(s, e, request, read) for s, e in ranges], consume)

@@ -1,0 +1,154 @@
+"""Restores end to end through dlio_benchmark: checkpoints saved at one world
+size read at another, on a local file system and on a real S3 server whose
+own request counters must equal what `dlio-ckpt-report plan` says."""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+import pytest
+
+from conftest import BUCKET
+from dlio_run import run_dlio
+
+pytestmark = pytest.mark.e2e  # each test starts DLIO (conftest.py)
+
+DCP = "torchtitan_llama3_8b_checkpoint"
+TINY = "llama3_tiny_checkpoint"
+SHRINK = ["++workload.model.num_layers=2", "++workload.model.transformer.hidden_size=256",
+          "++workload.model.transformer.ffn_hidden_size=512", "++workload.model.transformer.vocab_size=1024",
+          "++workload.model.transformer.num_attention_heads=4", "++workload.model.transformer.num_kv_heads=2"]
+SAVE_ONLY = ["++workload.checkpoint.num_checkpoints_write=1", "++workload.checkpoint.num_checkpoints_read=0"]
+READ_ONLY = ["++workload.checkpoint.num_checkpoints_write=0", "++workload.checkpoint.num_checkpoints_read=1",
+             "++workload.streaming.verify=True", "++workload.streaming.read_size=1MiB"]
+
+
+def framework(saved: int, *more: str) -> list[str]:
+    return [*READ_ONLY, "++workload.checkpoint.restore=framework", f"++workload.checkpoint.saved_ranks={saved}", *more]
+
+
+def loaded(run) -> list[list[tuple[str, int]]]:
+    """Per rank, the (file, bytes) it read in its one load, from its own rank stats."""
+    out = []
+    for stats in run.rank_stats():
+        (record,) = stats["phases"]["load"]
+        out.append([(f["name"].split("/", 1)[1], f["nbytes"]) for f in record["files"]])
+    return out
+
+
+def plan_counts(workload: str, ranks: int, *overrides: str) -> dict:
+    """What `dlio-ckpt-report plan` says of this load, as its --json file has it."""
+    with tempfile.NamedTemporaryFile(suffix=".json") as out:
+        res = subprocess.run([sys.executable, "-m", "dlio_ckpt_ext.report", "plan", "--workload", workload,
+                              "--ranks", str(ranks), "--json", out.name, *overrides],
+                             capture_output=True, text=True, timeout=120)
+        assert res.returncode == 0, res.stderr
+        return json.loads(open(out.name).read())
+
+
+@pytest.fixture(scope="module")
+def dcp_saved_at_4(tmp_path_factory):
+    """A DCP checkpoint of the scaled-down torchtitan preset, saved by 4 ranks."""
+    workdir = tmp_path_factory.mktemp("dcp4")
+    run = run_dlio(workdir, 4, DCP, *SHRINK, *SAVE_ONLY)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return workdir / "ckpt"
+
+
+@pytest.mark.parametrize("ranks, saved_files", [(2, [[0, 1], [2, 3]]), (3, [[0, 1], [1, 2], [2, 3]])])
+def test_dcp_saved_at_4_restored_at_2_and_3_reads_the_overlapping_files_verified(
+        dcp_saved_at_4, tmp_path, ranks, saved_files):
+    run = run_dlio(tmp_path, ranks, DCP, *SHRINK, *framework(4), checkpoint_folder=str(dcp_saved_at_4))
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "[INFO] inventory: 5 files present, 5 expected, sizes match" in run.stdout  # the saved layout's
+    on_disk = {p.name: p.stat().st_size for p in (dcp_saved_at_4 / "step-1").iterdir()}
+    # every rank: .metadata, then the saved files whose rows meet its new rows (here whole: the
+    # layers' row splits all fall the same way), every byte checked against the saved content
+    want = [[(".metadata", on_disk[".metadata"])] + [(f"__{s}_0.distcp", on_disk[f"__{s}_0.distcp"]) for s in files]
+            for files in saved_files]
+    assert loaded(run) == want
+    total = sum(n for rank in want for _, n in rank)
+    record = run.record()
+    assert record["load"]["per_checkpoint"][0]["bytes"] == total == record["restore"]["bytes_read"]
+    size = sum(on_disk.values())
+    assert record["restore"]["checkpoint_bytes"] == size
+    assert f"RESTORE (load): restore=framework share=none, {ranks} ranks reading a checkpoint saved at 4 ranks, " \
+           "resharded" in run.stdout
+    assert f"{total} ({total / size:.3f}x the checkpoint's {size} bytes)" in run.stdout
+
+
+def test_zero3_saved_at_2_restored_at_4_every_rank_reads_every_partition(finished_runs, tmp_path):
+    """DeepSpeed refuses a ZeRO checkpoint at another data-parallel size but its universal
+    one, which loads every parameter's optimizer state whole on every rank."""
+    saved = finished_runs[0].record()["storage"]["root"]  # the tiny preset, ZeRO-3, saved by 2 ranks
+    run = run_dlio(tmp_path, 4, TINY, *framework(2), checkpoint_folder=saved)
+    assert run.returncode == 0, run.stderr[-3000:]
+    step = os.path.join(saved, "global_epoch1_step1")
+    size = {n: os.path.getsize(os.path.join(step, n)) for n in os.listdir(step)}
+    model0, optims = "zero_pp_rank_0_mp_rank_00_model_states.pt", [f"zero_pp_rank_{d}_mp_rank_00_optim_states.pt"
+                                                                  for d in (0, 1)]
+    # the model-parallel rank 0 file twice (DeepSpeed's loader checks the first of the list, then reads its own)
+    want = [(model0, size[model0])] * 2 + [(n, size[n]) for n in optims]
+    assert loaded(run) == [want] * 4
+    assert run.record()["restore"]["readers_per_file_max"] == 4
+
+
+@pytest.fixture(scope="module")
+def zero1_pipeline_on_s3(s3, tmp_path_factory):
+    """ZeRO-1 with 2 pipeline stages at 4 ranks (2 data-parallel replicas) on S3:
+    saved and restored as DeepSpeed restores, with the server's request counts."""
+    workdir = tmp_path_factory.mktemp("zero1pp")
+    shape = [*SHRINK, "++workload.model.parallelism.pipeline=2", "++workload.model.parallelism.zero_stage=1",
+             "++workload.storage.storage_type=s3", f"++workload.storage.storage_root=s3://{BUCKET}/restore"]
+    runs = {}
+    for share, phases in (("none", ["++workload.checkpoint.num_checkpoints_write=1"]),
+                          ("broadcast", ["++workload.checkpoint.num_checkpoints_write=0"])):
+        overrides = [*shape, *phases, "++workload.checkpoint.num_checkpoints_read=1", "++workload.streaming.verify=True",
+                     "++workload.streaming.read_size=1MiB", "++workload.checkpoint.restore=framework",
+                     f"++workload.checkpoint.share={share}"]
+        before = s3.request_counts()
+        run = run_dlio(workdir, 4, TINY, *overrides, env=s3.env(), checkpoint_folder="zero1pp", out=f"out-{share}")
+        assert run.returncode == 0, run.stderr[-3000:]
+        after = s3.request_counts()
+        runs[share] = (run, after.get("GET 206", 0) - before.get("GET 206", 0),
+                       plan_counts(TINY, 4, *[o for o in overrides if "storage" not in o]))
+    return runs
+
+
+def test_every_data_parallel_replica_reads_its_stages_layer_files_as_the_server_counts(zero1_pipeline_on_s3):
+    run, gets, plan = zero1_pipeline_on_s3["none"]
+    names = [[n for n, _ in rank] for rank in loaded(run)]
+    # ranks 0 and 2 are stage 0 of replicas 0 and 1: the same layer files, written once by replica 0
+    assert [n for n in names[0] if n.startswith("layer_")] == [n for n in names[2] if n.startswith("layer_")] != []
+    assert run.record()["restore"]["readers_per_file_max"] == 2
+    assert gets == plan["storage_requests"] == plan["requests"]  # the server's ranged GETs, as planned
+
+
+def test_sharing_serves_the_replicated_files_once_and_every_rank_still_gets_its_bytes(zero1_pipeline_on_s3):
+    alone, alone_gets, alone_plan = zero1_pipeline_on_s3["none"]
+    run, gets, plan = zero1_pipeline_on_s3["broadcast"]
+    assert gets == plan["storage_requests"] < alone_gets
+    restore = run.record()["restore"]
+    window = run.record()["load"]["per_checkpoint"][0]
+    # storage served each layer file once (1/DP of the replicas' reads); the other replica got it by broadcast,
+    # verified on arrival (streaming.verify), so every rank still holds every byte it reads alone
+    assert window["bytes"] == restore["storage_bytes"] == alone_plan["bytes_read"] - restore["broadcast_bytes"]
+    assert window["broadcast_bytes"] == restore["broadcast_bytes"] > 0
+    assert "from storage / broadcast" in run.stdout and "received by broadcast" in run.stdout
+
+
+@pytest.mark.parametrize("ranks", [1, 2, 4])
+def test_plan_counts_equal_the_servers_for_a_dcp_restore_at_1_2_and_4_ranks(s3, tmp_path, ranks, request):
+    folder = "dcp4"
+    common = [*SHRINK, "++workload.storage.storage_type=s3", f"++workload.storage.storage_root=s3://{BUCKET}/restore"]
+    if not s3.client().list_objects_v2(Bucket=BUCKET, Prefix=f"restore/{folder}/").get("KeyCount"):
+        saved = run_dlio(tmp_path, 4, DCP, *common, *SAVE_ONLY, env=s3.env(), checkpoint_folder=folder, out="save")
+        assert saved.returncode == 0, saved.stderr[-3000:]
+    before = s3.request_counts()
+    run = run_dlio(tmp_path, ranks, DCP, *common, *framework(4), env=s3.env(), checkpoint_folder=folder)
+    assert run.returncode == 0, run.stderr[-3000:]
+    gets = s3.request_counts().get("GET 206", 0) - before.get("GET 206", 0)
+    plan = plan_counts(DCP, ranks, *SHRINK, *framework(4))
+    assert gets == plan["storage_requests"], (gets, plan["storage_requests"])
+    assert run.record()["load"]["per_checkpoint"][0]["bytes"] == plan["bytes_read"]
