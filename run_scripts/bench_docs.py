@@ -27,6 +27,7 @@ BENCHES = {
     "s3_bench": "object storage against raw s3dlio",
     "remote_bench": "remote object storage through the emulated link",
     "cloud_bench": "Azure Blob and GCS against each cloud's own SDK",
+    "restore_bench": "restores: each load pattern against raw reads of the same ranges",
     "trace_bench": "tracing cost",
     "scale_bench": "requests, start-up, end and output size as the ranks grow",
     "cpu_bench": "client CPU per GiB against raw references",

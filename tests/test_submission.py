@@ -163,6 +163,7 @@ def test_the_tree_holds_each_invocations_files_and_the_gap(tiny_submission):
         assert meta["verification"] == "open" and meta["num_processes"] == 2 and meta["command"] == "run"
         assert meta["metrics"] == summary["metric"]
         assert meta["parameters"]["checkpoint"]["fsync"] is True
+        assert meta["restore"] == {"pattern": "own", "share": "none", "saved_ranks": 2}  # what the loads read
         assert meta["override_parameters"]["model.num_layers"] == 2
         assert meta["args"]["checkpoint_folder"] == str(ckpt) and meta["args"]["results_dir"] == str(results)
         stdout = (run / "checkpointing_run.stdout.log").read_text()
