@@ -135,11 +135,15 @@ def test_sharing_serves_the_replicated_files_once_and_every_rank_still_gets_its_
     # verified on arrival (streaming.verify), so every rank still holds every byte it reads alone
     assert window["bytes"] == restore["storage_bytes"] == alone_plan["bytes_read"] - restore["broadcast_bytes"]
     assert window["broadcast_bytes"] == restore["broadcast_bytes"] > 0
+    # DP = 2: each layer file came from storage once, to one replica, and by broadcast to the other
+    layer_bytes = sum(n for rank in loaded(alone)[:2] for name, n in rank if name.startswith("layer_"))
+    assert restore["broadcast_bytes"] == layer_bytes
+    assert alone.record()["load"]["per_checkpoint"][0]["bytes"] - window["bytes"] == layer_bytes
     assert "from storage / broadcast" in run.stdout and "received by broadcast" in run.stdout
 
 
-@pytest.mark.parametrize("ranks", [1, 2, 4])
-def test_plan_counts_equal_the_servers_for_a_dcp_restore_at_1_2_and_4_ranks(s3, tmp_path, ranks, request):
+@pytest.mark.parametrize("ranks", [1, 2, 3, 4])
+def test_plan_counts_equal_the_servers_for_a_dcp_restore_at_1_2_3_and_4_ranks(s3, tmp_path, ranks):
     folder = "dcp4"
     common = [*SHRINK, "++workload.storage.storage_type=s3", f"++workload.storage.storage_root=s3://{BUCKET}/restore"]
     if not s3.client().list_objects_v2(Bucket=BUCKET, Prefix=f"restore/{folder}/").get("KeyCount"):
@@ -152,3 +156,18 @@ def test_plan_counts_equal_the_servers_for_a_dcp_restore_at_1_2_and_4_ranks(s3, 
     plan = plan_counts(DCP, ranks, *SHRINK, *framework(4))
     assert gets == plan["storage_requests"], (gets, plan["storage_requests"])
     assert run.record()["load"]["per_checkpoint"][0]["bytes"] == plan["bytes_read"]
+
+
+def test_zero3_saved_at_2_on_s3_restored_at_4_verified_with_the_planned_requests(s3, tmp_path):
+    common = [*SHRINK, "++workload.storage.storage_type=s3", f"++workload.storage.storage_root=s3://{BUCKET}/restore"]
+    saved = run_dlio(tmp_path, 2, TINY, *common, *SAVE_ONLY, env=s3.env(), checkpoint_folder="zero3", out="save")
+    assert saved.returncode == 0, saved.stderr[-3000:]
+    before = s3.request_counts()
+    run = run_dlio(tmp_path, 4, TINY, *common, *framework(2), env=s3.env(), checkpoint_folder="zero3")
+    assert run.returncode == 0, run.stderr[-3000:]
+    gets = s3.request_counts().get("GET 206", 0) - before.get("GET 206", 0)
+    plan = plan_counts(TINY, 4, *SHRINK, *framework(2))
+    assert gets == plan["storage_requests"] and run.record()["load"]["per_checkpoint"][0]["bytes"] == plan["bytes_read"]
+    assert [[n for n, _ in rank] for rank in loaded(run)] == [[
+        "zero_pp_rank_0_mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_model_states.pt",
+        "zero_pp_rank_0_mp_rank_00_optim_states.pt", "zero_pp_rank_1_mp_rank_00_optim_states.pt"]] * 4
