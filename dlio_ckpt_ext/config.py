@@ -14,7 +14,7 @@ from typing import Any, Optional, get_type_hints
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, ValidationError
 
-from dlio_ckpt_ext import load_plan, plan
+from dlio_ckpt_ext import load_plan, plan, safetensors_plan
 from dlio_ckpt_ext.errors import ConfigError
 
 MECHANISM_CLASS = "dlio_ckpt_ext.dlio.mechanism.StreamingCheckpointing"
@@ -130,6 +130,20 @@ class StreamingConfig:
 
 
 @dataclass
+class ModelLoadConfig:
+    # checkpoint.layout safetensors: what each rank of a serving replica reads,
+    # named after the loader it emulates (docs/model-loads.md). safetensors:
+    # vLLM's default loader, each rank its tensor-parallel slices of every
+    # tensor its stage needs, page by page; runai: runai-model-streamer, each
+    # rank the whole shards it needs; fastsafetensors: a replica's ranks split
+    # its shards, each reads whole files and broadcasts them to the others.
+    pattern: str = "safetensors"
+    max_shard_size: str = "5GB"        # largest shard of the publish (Hugging Face's default; GB decimal)
+    read_size: str = "auto"            # bytes per read request; auto: the loader's own (docs/model-loads.md)
+    read_parallelism: int = 0          # read requests in flight per rank; 0: the loader's own
+
+
+@dataclass
 class StorageConfig:
     storage_type: str = "local_fs"     # local_fs | parallel_fs | direct_fs (O_DIRECT) | s3 (s3dlio)
     storage_root: str = "./"           # a directory, or s3://bucket, file://dir, direct://dir with s3
@@ -142,6 +156,7 @@ class WorkloadSections:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     streaming: StreamingConfig = field(default_factory=StreamingConfig)
     storage: StorageConfig = field(default_factory=StorageConfig)
+    model_load: ModelLoadConfig = field(default_factory=ModelLoadConfig)
 
 
 @dataclass
@@ -159,14 +174,35 @@ class RunConfig:
         be regenerated from an offset (dedup/compress ratios other than 1)."""
         st = self.streaming
         seekable = (st.dedup_ratio, st.compress_ratio) == (1, 1)
-        chosen = st.read_parallelism or DEFAULT_READ_PARALLELISM[self.storage.storage_type]
+        if self.is_model_load:
+            chosen = self.model_load.read_parallelism or loader_reads(self.model_load.pattern,
+                                                                       self.storage.storage_type)[1]
+        else:
+            chosen = st.read_parallelism or DEFAULT_READ_PARALLELISM[self.storage.storage_type]
         return chosen if seekable or not st.verify else 1
 
+    @property
+    def is_model_load(self) -> bool:
+        """Published weights (safetensors) loaded by serving replicas."""
+        return self.checkpoint.layout == "safetensors"
+
+    def read_step(self, load: int) -> int:
+        """The checkpoint the load-th load reads: its own number, but for model
+        loads, which load the same published weights again and again: the
+        publishes in turn (the one an earlier run made, when this run makes none)."""
+        if not self.is_model_load:
+            return load
+        return (load - 1) % (self.checkpoint.num_checkpoints_write or 1) + 1
+
+    def steps_read(self) -> list[int]:
+        return sorted({self.read_step(k) for k in range(1, self.checkpoint.num_checkpoints_read + 1)})
+
     def load_job(self, comm_size: int, ranks_per_node: int = 0) -> load_plan.LoadJob:
-        """What this run's loads read: its pattern, world size and the saved one;
-        ranks_per_node: the shift of recovery_rank_shift."""
+        """What this run's loads read: its pattern (a model load's loader), world
+        size and the saved one; ranks_per_node: the shift of recovery_rank_shift."""
         c = self.checkpoint
-        return load_plan.LoadJob(c.restore, comm_size, c.saved_ranks or comm_size,
+        pattern = self.model_load.pattern if self.is_model_load else c.restore
+        return load_plan.LoadJob(pattern, comm_size, c.saved_ranks or comm_size,
                                  ranks_per_node if c.recovery_rank_shift else 0)
 
     @property
@@ -193,6 +229,10 @@ class RunConfig:
     def storage(self) -> StorageConfig:
         return self.sections.storage
 
+    @property
+    def model_load(self) -> ModelLoadConfig:
+        return self.sections.model_load
+
 
 _SIZE = re.compile(r"^\s*(\d+)\s*([KMGT]i?B?)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
@@ -208,6 +248,17 @@ def s3_part_size(key: str, value: Any) -> int:
     if size < S3_MIN_PART_SIZE:
         raise ConfigError(key, value, "at least 5MiB (the S3 minimum part size)")
     return size
+
+
+#: (read_size, requests in flight) of each loader a model-load pattern emulates, on a file
+#: system and on an object store (docs/model-loads.md has the sources)
+LOADER_READS = {"safetensors": {"fs": (2 * MiB, 1), "s3": (2 * MiB, 1)},
+                "runai": {"fs": (2 * MiB, 16), "s3": (8 * MiB, 8)},
+                "fastsafetensors": {"fs": (16 * MiB, 16), "s3": (16 * MiB, 16)}}
+
+
+def loader_reads(pattern: str, storage_type: str) -> tuple[int, int]:
+    return LOADER_READS[pattern]["s3" if storage_type == "s3" else "fs"]
 
 
 def _chunk_size(value, sto: StorageConfig) -> int:
@@ -268,7 +319,7 @@ def _positive(key: str, value: Any) -> None:
 
 def load_config(workload: DictConfig | dict, comm_size: int) -> RunConfig:
     """Validate our sections of `workload` for a job of comm_size ranks."""
-    given = {k: workload[k] for k in ("model", "checkpoint", "streaming", "storage") if k in workload}
+    given = {k: workload[k] for k in ("model", "checkpoint", "streaming", "storage", "model_load") if k in workload}
     for section in given.values():
         if isinstance(section, DictConfig):
             OmegaConf.resolve(section)
@@ -282,7 +333,7 @@ def load_config(workload: DictConfig | dict, comm_size: int) -> RunConfig:
     if c.num_checkpoints_write + c.num_checkpoints_read == 0:
         raise ConfigError("workload.checkpoint.num_checkpoints_write", 0,
                           "at least 1 checkpoint written or read")
-    if 0 < c.num_checkpoints_write < c.num_checkpoints_read:
+    if 0 < c.num_checkpoints_write < c.num_checkpoints_read and c.layout != "safetensors":
         raise ConfigError("workload.checkpoint.num_checkpoints_read", c.num_checkpoints_read,
                           f"at most num_checkpoints_write ({c.num_checkpoints_write}), or set "
                           "num_checkpoints_write=0 to read checkpoints an earlier run wrote")
@@ -331,12 +382,15 @@ def load_config(workload: DictConfig | dict, comm_size: int) -> RunConfig:
         raise ConfigError("workload.streaming.gen_threads", st.gen_threads, "0 (automatic) or more")
 
     _check_restore(c, comm_size)
+    read_size = _check_model_load(s, read_size)
 
     shape = plan.ModelShape(m.num_layers, m.transformer.hidden_size, m.transformer.ffn_hidden_size,
                             m.transformer.vocab_size, m.transformer.num_attention_heads,
                             m.transformer.num_kv_heads, m.model_datatype, m.optimizer_datatype)
     par = plan.Parallelism(m.parallelism.tensor, m.parallelism.pipeline, m.parallelism.zero_stage,
-                           m.parallelism.data, c.mode, c.layout)
+                           m.parallelism.data, c.mode, c.layout,
+                           safetensors_plan.parse_shard_size("workload.model_load.max_shard_size",
+                                                             s.model_load.max_shard_size))
     cfg = RunConfig(s, shape, par, chunk, read_size)
     try:
         plan.validate(shape, par, comm_size)
@@ -351,6 +405,32 @@ def load_config(workload: DictConfig | dict, comm_size: int) -> RunConfig:
                           "(it reads saved items from inside files; such content regenerates only from a file's "
                           "start)")
     return cfg
+
+
+def _check_model_load(s: WorkloadSections, read_size: int) -> int:
+    """Model loads' own keys; returns the read size a run's loads use."""
+    ml, c = s.model_load, s.checkpoint
+    if ml.pattern not in load_plan.MODEL_LOAD_PATTERNS:
+        raise ConfigError("workload.model_load.pattern", ml.pattern, ", ".join(load_plan.MODEL_LOAD_PATTERNS))
+    if isinstance(ml.read_parallelism, bool) or ml.read_parallelism < 0:
+        raise ConfigError("workload.model_load.read_parallelism", ml.read_parallelism,
+                          "0 (the loader's own) or a positive integer")
+    if c.layout != "safetensors":
+        return read_size
+    for key, value, default in (("restore", c.restore, "own"), ("share", c.share, "none")):
+        if value != default:
+            raise ConfigError(f"workload.checkpoint.{key}", value,
+                              f"{default} with checkpoint.layout safetensors (a model load's reads are "
+                              "workload.model_load.pattern's)")
+    if c.async_mode != "disabled":
+        raise ConfigError("workload.checkpoint.async_mode", c.async_mode,
+                          "disabled with checkpoint.layout safetensors (a publish is no training checkpoint)")
+    if ml.read_size == "auto":
+        return loader_reads(ml.pattern, s.storage.storage_type)[0]
+    size = parse_size("workload.model_load.read_size", ml.read_size)
+    if size <= 0 or size % MiB:
+        raise ConfigError("workload.model_load.read_size", ml.read_size, "auto or a positive multiple of 1 MiB")
+    return size
 
 
 def _check_restore(c: CheckpointConfig, comm_size: int) -> None:

@@ -23,6 +23,12 @@ RESTORE_PATTERNS = ("own", "framework")
 #: none: every rank reads all its ranges; broadcast: the ranks reading the same range
 #: split it, each reads its part and broadcasts it to the others
 SHARE_MODES = ("none", "broadcast")
+#: a model load (layout safetensors), named after the loader it emulates: vLLM's default
+#: (safetensors' mmap: each rank its slices), runai-model-streamer (whole shards),
+#: fastsafetensors (a replica's ranks split the shards, read whole files, broadcast)
+MODEL_LOAD_PATTERNS = ("safetensors", "runai", "fastsafetensors")
+#: the page a mapped file is read by
+PAGE = 4096
 
 
 @dataclass(frozen=True)
@@ -55,11 +61,14 @@ class LoadJob:
 
 def validate_job(m: plan.ModelShape, p: plan.Parallelism, job: LoadJob) -> None:
     """Raise ConfigError for a load no framework makes (keys as DLIO's config names them)."""
-    if job.pattern not in RESTORE_PATTERNS:
+    if p.layout == "safetensors":
+        if job.pattern not in MODEL_LOAD_PATTERNS:
+            raise ConfigError("model_load.pattern", job.pattern, ", ".join(MODEL_LOAD_PATTERNS))
+    elif job.pattern not in RESTORE_PATTERNS:
         raise ConfigError("checkpoint.restore", job.pattern, " or ".join(RESTORE_PATTERNS))
     if isinstance(job.saved_ranks, bool) or not isinstance(job.saved_ranks, int) or job.saved_ranks <= 0:
         raise ConfigError("checkpoint.saved_ranks", job.saved_ranks, "a positive integer (0: this run's ranks)")
-    if job.resharded:
+    if job.resharded and p.layout != "safetensors":  # published weights are the same at any world size
         if job.pattern == "own":
             raise ConfigError("checkpoint.saved_ranks", job.saved_ranks,
                               f"this run's {job.ranks} ranks with restore=own (each rank reads the files it "
@@ -215,10 +224,87 @@ def _deepspeed_optimizer(m: plan.ModelShape, p: plan.Parallelism, job: LoadJob, 
     return [_whole(f, w) for w in writers for f in _saved(m, p, job, w).files if f.kind == "optimizer"]
 
 
+# -- model loads: published safetensors shards read by serving replicas ---------------------------
+def replica(p: plan.Parallelism, rank: int) -> range:
+    """The ranks of `rank`'s serving replica: its tensor x pipeline group."""
+    mp = p.tensor * p.pipeline
+    first = rank - rank % mp
+    return range(first, first + mp)
+
+
+def tensor_group(p: plan.Parallelism, rank: int) -> range:
+    """The ranks of `rank`'s pipeline stage in its replica: its tensor-parallel group."""
+    first = rank - rank % p.tensor
+    return range(first, first + p.tensor)
+
+
+def _needed(m: plan.ModelShape, p: plan.Parallelism, rank: int):
+    """(shard index, shard, first byte, end byte) in the file of every tensor
+    slice `rank` holds when serving: its pipeline stage's tensors, a
+    column-parallel one's row range (q/k/v, gate/up, the embedding and
+    lm_head), a row-parallel one whole (o_proj, down_proj: a column block of
+    every row, and the kernel reads a mapped file around each fault,
+    read_ahead_kb = 128 KiB by default, more than one of these rows), a norm
+    whole (replicated)."""
+    tp_rank, pp_rank = rank % p.tensor, (rank // p.tensor) % p.pipeline
+    first, last = plan.layer_range(pp_rank, p.pipeline, m.num_layers)
+    for j, shard in enumerate(plan.published_shards(m, p)):
+        for placed in shard.tensors:
+            t = placed.tensor
+            if not first <= t.position <= last:
+                continue
+            lo, hi = placed.begin, placed.end
+            if t.split == "column" and p.tensor > 1:
+                rows = t.shape[0]
+                row_bytes = (hi - lo) // rows
+                per = -(-rows // p.tensor)
+                lo, hi = (placed.begin + min(rows, tp_rank * per) * row_bytes,
+                          placed.begin + min(rows, (tp_rank + 1) * per) * row_bytes)
+            if hi > lo:
+                yield j, shard, shard.data_start + lo, shard.data_start + hi
+
+
+def _model_load_reads(m: plan.ModelShape, p: plan.Parallelism, job: LoadJob, rank: int) -> list[ReadRange]:
+    """The index first (every loader reads the weight map), then per pattern
+    the pages of the rank's slices, or whole shards."""
+    shards = plan.published_shards(m, p)
+    writer = lambda j: j % job.saved_ranks  # noqa: E731 - the publish's rank that wrote shard j
+    index = [_whole(f, 0) for f in _saved(m, p, job, 0).commit_files]
+    return index + _shard_reads(m, p, job, rank, shards, writer)
+
+
+def _shard_reads(m, p, job, rank, shards, writer) -> list[ReadRange]:
+    if job.pattern == "safetensors":
+        # mmap: the pages holding each slice, read in file order; neighbouring pages as one stream
+        pages = sorted((j, lo - lo % PAGE, min(shard.size, -(-hi // PAGE) * PAGE))
+                       for j, shard, lo, hi in _needed(m, p, rank))
+        out: list[ReadRange] = []
+        for j, lo, hi in pages:
+            last = out[-1] if out else None
+            if last and last.name == shards[j].name and lo <= last.offset + last.length:
+                end = max(hi, last.offset + last.length)
+                out[-1] = ReadRange(last.name, last.offset, end - last.offset, last.writer, last.file_size)
+            else:
+                out.append(ReadRange(shards[j].name, lo, hi - lo, writer(j), shards[j].size))
+        return out
+    members = [rank] if job.pattern == "runai" else list(tensor_group(p, rank))
+    wanted = sorted({j for r in members for j, _, _, _ in _needed(m, p, r)})
+    return [ReadRange(shards[j].name, 0, shards[j].size, writer(j), shards[j].size) for j in wanted]
+
+
+def shard_owner(p: plan.Parallelism, job: LoadJob, rank: int, r: ReadRange, reads: tuple[ReadRange, ...]) -> int:
+    """fastsafetensors: the member of the tensor-parallel group that reads file
+    r whole for all: the i-th file the group needs goes to its i-th rank, round robin."""
+    members = tensor_group(p, rank)
+    return members[[x.name for x in reads].index(r.name) % len(members)]
+
+
 def rank_reads(m: plan.ModelShape, p: plan.Parallelism, job: LoadJob, rank: int) -> tuple[ReadRange, ...]:
     """The ranges `rank` of the loading job reads, in the order it reads them."""
     if not 0 <= rank < job.ranks:
         raise ConfigError("rank", rank, f"0..{job.ranks - 1}")
+    if p.layout == "safetensors":
+        return tuple(_model_load_reads(m, p, job, rank))
     if job.pattern == "own":
         src = (rank + job.shift) % job.ranks
         return tuple(_metadata(m, p, job) + [_whole(f, src) for f in _saved(m, p, job, src).files])
@@ -229,9 +315,13 @@ def rank_reads(m: plan.ModelShape, p: plan.Parallelism, job: LoadJob, rank: int)
     return tuple(_deepspeed_model_states(m, p, job, rank) + _deepspeed_optimizer(m, p, job, rank))
 
 
-def range_readers(m: plan.ModelShape, p: plan.Parallelism, job: LoadJob, r: ReadRange) -> tuple[int, ...]:
+def range_readers(m: plan.ModelShape, p: plan.Parallelism, job: LoadJob, r: ReadRange,
+                  rank: int = 0) -> tuple[int, ...]:
     """Every rank of the loading job whose plan reads exactly range r: the
     group that shares it (share=broadcast). O(the ranks that could read it)."""
+    if p.layout == "safetensors":
+        # fastsafetensors shares within a serving replica; the other loaders share nothing
+        return tuple(tensor_group(p, rank)) if job.pattern == "fastsafetensors" else (rank,)
     if r.name in {f.name for f in _saved(m, p, job, 0).commit_files}:
         return tuple(range(job.ranks))  # DCP's .metadata: every rank, whole
     return tuple(c for c in _candidate_readers(m, p, job, r) if r in rank_reads(m, p, job, c))
@@ -269,37 +359,64 @@ def _pieces(offset: int, length: int, read_size: int) -> int:
     return -(-(offset + length) // read_size) - offset // read_size if length else 0
 
 
+def _parts(pieces: int, members: int) -> int:
+    """Members with a non-empty part when `pieces` requests are split among them (engine.stream.split_range)."""
+    if not pieces:
+        return 0
+    per = -(-pieces // max(1, members))
+    return -(-pieces // per)
+
+
+def sharing(p: plan.Parallelism, job: LoadJob, share: str) -> bool:
+    """Whether ranks reading the same range split it and broadcast: asked for,
+    or what the loader emulated does (fastsafetensors)."""
+    return share == "broadcast" or (p.layout == "safetensors" and job.pattern == "fastsafetensors")
+
+
 def summary(m: plan.ModelShape, p: plan.Parallelism, job: LoadJob, read_size: int,
             share: str = "none") -> dict:
     """The whole job's load, from the plans alone: bytes and requests per rank,
-    readers per file (fan-in), bytes read against the checkpoint's size
+    readers per file (fan-in: the ranks that get its bytes, and the ranks that
+    ask storage for them), bytes read against the checkpoint's size
     (amplification), and with sharing the bytes storage serves and the
     broadcast carries. O(ranks x ranges a rank reads)."""
     files = saved_files(m, p, job.saved_ranks)
     size = sum(files.values())
+    shared = sharing(p, job, share)
+    owner_reads = p.layout == "safetensors" and job.pattern == "fastsafetensors"
     readers: dict[str, set[int]] = {}
-    range_readers: dict[tuple, int] = {}
+    groups: dict[tuple, set[int]] = {}  # with sharing: (group, range) -> its readers
     per_rank = []
     for rank in range(job.ranks):
         reads = rank_reads(m, p, job, rank)
         for r in reads:
             readers.setdefault(r.name, set()).add(rank)
-            range_readers[r.key] = range_readers.get(r.key, 0) + 1
+            if shared:
+                group = tensor_group(p, rank)[0] if owner_reads else None
+                groups.setdefault((group, r.key), set()).add(rank)
         per_rank.append((rank, sum(r.length for r in reads), sum(requests(r, read_size) for r in reads), reads))
     total = sum(b for _, b, _, _ in per_rank)
     req_by_file: dict[str, int] = {}
-    for _, _, _, reads in per_rank:
-        for r in reads:
-            req_by_file[r.name] = req_by_file.get(r.name, 0) + requests(r, read_size)
-    if share == "broadcast":
-        storage = sum(length for (_, _, length) in range_readers)
-        storage_requests = sum(_pieces(offset, length, read_size) for (_, offset, length) in range_readers)
+    storage_readers: dict[str, int] = {}
+    if shared:
+        storage = storage_requests = 0
+        for (_, (name, offset, length)), ranks in groups.items():
+            pieces = _pieces(offset, length, read_size)
+            storage += length
+            storage_requests += pieces
+            req_by_file[name] = req_by_file.get(name, 0) + pieces
+            storage_readers[name] = storage_readers.get(name, 0) + (1 if owner_reads else _parts(pieces, len(ranks)))
     else:
         storage, storage_requests = total, sum(q for _, _, q, _ in per_rank)
+        for _, _, _, reads in per_rank:
+            for r in reads:
+                req_by_file[r.name] = req_by_file.get(r.name, 0) + requests(r, read_size)
+        storage_readers = {name: len(ranks) for name, ranks in readers.items()}
     fan_in = [len(v) for v in readers.values()] or [0]
+    asking = list(storage_readers.values()) or [0]
     rank_bytes = [b for _, b, _, _ in per_rank]
-    return {"pattern": job.pattern, "share": share, "ranks": job.ranks, "saved_ranks": job.saved_ranks,
-            "layout": p.layout, "read_size": read_size,
+    return {"pattern": job.pattern, "share": "broadcast" if shared else "none", "ranks": job.ranks,
+            "saved_ranks": job.saved_ranks, "layout": p.layout, "read_size": read_size,
             "checkpoint_bytes": size, "checkpoint_files": len(files),
             "bytes_read": total, "storage_bytes": storage, "broadcast_bytes": total - storage,
             "amplification": total / size if size else 0.0,
@@ -307,6 +424,7 @@ def summary(m: plan.ModelShape, p: plan.Parallelism, job: LoadJob, read_size: in
             "requests": sum(q for _, _, q, _ in per_rank), "storage_requests": storage_requests,
             "files_read": len(readers), "files_unread": len(files) - len(readers),
             "readers_per_file_max": max(fan_in), "readers_per_file_mean": sum(fan_in) / len(fan_in),
+            "storage_readers_per_file_max": max(asking), "storage_readers_per_file_mean": sum(asking) / len(asking),
             "requests_per_file_max": max(req_by_file.values(), default=0),
             "requests_per_file_mean": (sum(req_by_file.values()) / len(req_by_file)) if req_by_file else 0.0,
             "rank_bytes_min": min(rank_bytes), "rank_bytes_max": max(rank_bytes),

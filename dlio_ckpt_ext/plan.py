@@ -8,14 +8,17 @@ a `.metadata` that rank 0 writes once every rank has finished (DCP's commit).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from dlio_ckpt_ext import safetensors_plan
 from dlio_ckpt_ext.errors import ConfigError
 
 DTYPE_BYTES = {"int8": 1, "uint8": 1, "fp16": 2, "bf16": 2, "float16": 2,
                "bfloat16": 2, "fp32": 4, "float32": 4, "fp64": 8, "float64": 8}
 MODES = ("default", "subset")
-LAYOUTS = ("deepspeed", "dcp")
+LAYOUTS = ("deepspeed", "dcp", "safetensors")
+#: layouts whose last file (DCP's .metadata, the safetensors index) rank 0 writes once every rank is done
+COMMITTED_LAYOUTS = ("dcp", "safetensors")
 #: bytes of DCP's .metadata per (tensor, state entry, rank): an approximation of the
 #: pickled chunk and storage records (offset, length, path, shape) DCP keeps for each
 DCP_METADATA_ENTRY_BYTES = 200
@@ -44,6 +47,8 @@ class Parallelism:
     data: int | None = None  # required in subset mode
     mode: str = "default"
     layout: str = "deepspeed"
+    #: safetensors: the largest shard (Hugging Face's max_shard_size)
+    max_shard_size: int = safetensors_plan.DEFAULT_MAX_SHARD
 
 
 @dataclass(frozen=True)
@@ -51,7 +56,9 @@ class ShardFile:
     """One file of one checkpoint, relative to the checkpoint directory."""
     name: str
     size: int
-    kind: str  # "model", "optimizer", "state" (DCP: both) or "metadata"
+    kind: str  # "model", "optimizer", "state" (DCP: both), "metadata", "weights" or "index" (safetensors)
+    #: bytes the file starts with, not generated: a safetensors header, the index (all of it)
+    prefix: bytes = field(default=b"", repr=False)
 
 
 @dataclass(frozen=True)
@@ -118,6 +125,11 @@ def validate(m: ModelShape, p: Parallelism, comm_size: int) -> None:
         raise ConfigError("checkpoint.mode", p.mode, " or ".join(MODES))
     if p.layout not in LAYOUTS:
         raise ConfigError("checkpoint.layout", p.layout, " or ".join(LAYOUTS))
+    if p.layout == "safetensors":
+        if m.model_datatype not in safetensors_plan.DTYPES:
+            raise ConfigError("model.model_datatype", m.model_datatype, ", ".join(safetensors_plan.DTYPES))
+        if p.mode != "default":
+            raise ConfigError("checkpoint.mode", p.mode, "default with checkpoint.layout safetensors")
     if p.layout == "dcp":
         for key, val in (("model.parallelism.tensor", p.tensor), ("model.parallelism.pipeline", p.pipeline)):
             if val != 1:
@@ -144,7 +156,7 @@ def validate(m: ModelShape, p: Parallelism, comm_size: int) -> None:
                           f"(tensor={p.tensor}, pipeline={p.pipeline})")
 
 
-def _layer_range(pp_rank: int, pp: int, num_layers: int) -> tuple[int, int]:
+def layer_range(pp_rank: int, pp: int, num_layers: int) -> tuple[int, int]:
     """Inclusive layer indices of a pipeline stage: 0 is the embedding,
     1..L the transformer layers, L+1 the lm_head and L+2 the final norm."""
     per, rem = divmod(num_layers, pp)
@@ -210,6 +222,24 @@ def _dcp_plan(m: ModelShape, p: Parallelism, comm_size: int, rank: int) -> RankP
     return RankPlan(rank, rank, 0, 0, 0, files, commit)
 
 
+def published_shards(m: ModelShape, p: Parallelism) -> tuple[safetensors_plan.Shard, ...]:
+    """safetensors: the model's weights as Hugging Face publishes them."""
+    return safetensors_plan.shards(m.num_layers, m.hidden_size, m.ffn_hidden_size, m.vocab_size,
+                                   m.num_attention_heads, m.num_kv_heads, m.model_datatype, p.max_shard_size)
+
+
+def _safetensors_plan(m: ModelShape, p: Parallelism, comm_size: int, rank: int) -> RankPlan:
+    """The publish: shard j written by rank j % ranks (an upload split across
+    the ranks), the index by rank 0 once every shard is there."""
+    shards = published_shards(m, p)
+    files = tuple(ShardFile(s.name, s.size, "weights", s.prefix) for j, s in enumerate(shards) if j % comm_size == rank)
+    commit = ()
+    if rank == 0 and len(shards) > 1:
+        text = safetensors_plan.index(shards)
+        commit = (ShardFile(safetensors_plan.INDEX, len(text), "index", text),)
+    return RankPlan(rank, rank, 0, 0, 0, files, commit)
+
+
 def rank_plan(m: ModelShape, p: Parallelism, comm_size: int, rank: int) -> RankPlan:
     """The files `rank` writes in one checkpoint, with exact byte sizes."""
     validate(m, p, comm_size)
@@ -217,6 +247,8 @@ def rank_plan(m: ModelShape, p: Parallelism, comm_size: int, rank: int) -> RankP
         raise ConfigError("rank", rank, f"0..{comm_size - 1}")
     if p.layout == "dcp":
         return _dcp_plan(m, p, comm_size, rank)
+    if p.layout == "safetensors":
+        return _safetensors_plan(m, p, comm_size, rank)
     tp, pp = p.tensor, p.pipeline
     mp = tp * pp
     dp = p.data if p.mode == "subset" else comm_size // mp
@@ -231,7 +263,7 @@ def rank_plan(m: ModelShape, p: Parallelism, comm_size: int, rank: int) -> RankP
     # Without ZeRO only the first data-parallel replica checkpoints anything.
     if p.zero_stage == 0 and rank >= mp:
         return RankPlan(rank, dp_rank, mp_rank, pp_rank, tp_rank, ())
-    start, end = _layer_range(pp_rank, pp, m.num_layers)
+    start, end = layer_range(pp_rank, pp, m.num_layers)
     layers = range(start, end + 1)
     if p.zero_stage in (1, 2):
         if dp_rank == 0:
@@ -261,4 +293,6 @@ def checkpoint_bytes(m: ModelShape, p: Parallelism, comm_size: int) -> int:
 def checkpoint_dir(step: int, epoch: int = 1, layout: str = "deepspeed") -> str:
     """Directory of one checkpoint: as DeepSpeed and upstream DLIO name it, or
     as torchtitan does for DCP."""
+    if layout == "safetensors":
+        return f"publish-{step}"
     return f"step-{step}" if layout == "dcp" else f"global_epoch{epoch}_step{step}"

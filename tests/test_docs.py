@@ -68,7 +68,7 @@ def test_the_readmes_preset_bytes_are_the_plans():
     preset composed by hydra as dlio_benchmark composes it, planned at those ranks."""
     from dlio_ckpt_ext import plan
     from dlio_ckpt_ext.submission.submit import Submission, effective_config, presets
-    rows = re.findall(r"^\| `(\w+_checkpoint)` \|.*\| ([\d,]+) \(at (\d+) ranks?(?:; ([\d,]+) at (\d+))?\) \|$",
+    rows = re.findall(r"^\| `(\w+_(?:checkpoint|model_load))` \|.*\| ([\d,]+) \(at (\d+) ranks?(?:; ([\d,]+) at (\d+))?\) \|$",
                       (REPO / "README.md").read_text(), re.M)
     assert sorted(r[0] for r in rows) == presets()
     for workload, total, ranks, other_total, other_ranks in rows:

@@ -506,6 +506,16 @@ def test_each_closed_rule_of_edition_3_is_refused_in_one_line_naming_it(tmp_path
         "[submit] not a valid CLOSED run; fix the above or pass --open to run it as OPEN"]
 
 
+def test_a_model_load_is_refused_by_name_as_no_mlperf_workload(tmp_path, apart):
+    res = submit("--workload", "llama3_8b_model_load", "--ranks-per-host", "8", "--accelerator-type", "b200",
+                 "--open", "--dry-run", "--results-dir", str(tmp_path / "r"), "--checkpoint-folder", str(apart),
+                 cwd=tmp_path, timeout=120)
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    assert res.stderr.strip().splitlines() == [
+        "[submit] invalid config: --workload='llama3_8b_model_load'; allowed: a checkpointing preset: a model load "
+        "(published safetensors read by serving replicas) is no MLPerf Storage workload; run it with dlio_benchmark"]
+
+
 def test_a_refused_run_makes_no_folder(tmp_path, apart):
     res = submit("--workload", "llama3_tiny_checkpoint", "--ranks-per-host", "2", "--accelerator-type", "b200",
                  "--results-dir", str(tmp_path / "r"), "--checkpoint-folder", str(apart), cwd=tmp_path, timeout=120)

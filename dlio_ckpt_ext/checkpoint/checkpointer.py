@@ -40,6 +40,7 @@ class Checkpointer:
         #: what this run's loads read: pattern, world size, the saved one (load_plan)
         self.job = cfg.load_job(comm_size, ranks_per_node)
         self._reads: Optional[tuple[load_plan.ReadRange, ...]] = None
+        self._prefixes: Optional[dict[str, bytes]] = None
         self._groups: Optional[list[tuple[tuple[int, ...], list[load_plan.ReadRange]]]] = None
         #: share=broadcast: makes the group of ranks reading a range (the DLIO layer's, over MPI)
         self.sharer: Optional[Callable[[tuple[int, ...]], Broadcast]] = None
@@ -106,7 +107,7 @@ class Checkpointer:
         if self._groups is None:
             groups: dict[tuple[int, ...], list[load_plan.ReadRange]] = {}
             for r in dict.fromkeys(self.reads()):
-                members = load_plan.range_readers(self.cfg.shape, self.cfg.parallelism, self.job, r)
+                members = load_plan.range_readers(self.cfg.shape, self.cfg.parallelism, self.job, r, self.rank)
                 groups.setdefault(members, []).append(r)
             self._groups = sorted(((m, sorted(rs, key=lambda r: r.key)) for m, rs in groups.items()),
                                   key=lambda g: g[0])
@@ -123,8 +124,20 @@ class Checkpointer:
         return self.rank
 
     def content(self, directory: str, rank: int, name: str) -> ContentSpec:
+        """A file's bytes: generated from a seed of its checkpoint, writer and
+        name, after the bytes it starts with where it has them (safetensors)."""
         st = self.cfg.streaming
-        return ContentSpec(derive_seed(st.seed, directory, rank, name), st.dedup_ratio, st.compress_ratio)
+        return ContentSpec(derive_seed(st.seed, directory, rank, name), st.dedup_ratio, st.compress_ratio,
+                           self.prefixes().get(name, b""))
+
+    def prefixes(self) -> dict[str, bytes]:
+        """The saved files that start with bytes not generated: headers, the index."""
+        if self._prefixes is None:
+            self._prefixes = {}
+            if self.cfg.checkpoint.layout == "safetensors":
+                self._prefixes = {f.name: f.prefix for r in range(self.job.saved_ranks)
+                                  for f in self.rank_plan(r).files + self.rank_plan(r).commit_files}
+        return self._prefixes
 
     def expected_sizes(self, steps: list[int], epoch: int = 1) -> dict[str, int]:
         """Every file of the given checkpoints, all ranks, path -> size."""
@@ -188,7 +201,7 @@ class Checkpointer:
             pool = self.read_buffers()
             if self.cfg.streaming.verify:
                 pool.scratch(self.cfg.read_size)
-            if self.cfg.checkpoint.share == "broadcast":
+            if self.shares():
                 self.share_buffers()
 
     def _prepare(self, directory: str, barrier: Optional[Callable[[], None]]) -> None:
@@ -252,7 +265,7 @@ class Checkpointer:
         """DCP's commit: once every rank has finished its files, rank 0 writes
         .metadata, and the save returns on every rank only after that (DCP's
         all_reduce of the write results). A checkpoint counts as saved then."""
-        if self.cfg.checkpoint.layout != "dcp":
+        if self.cfg.checkpoint.layout not in plan.COMMITTED_LAYOUTS:
             return []
         if barrier:
             barrier()
@@ -304,8 +317,8 @@ class Checkpointer:
         checked against the content regenerated at its offset when verifying;
         with share=broadcast, a range several ranks read is split among them.
         Returns the storage reads only (the broadcast is in last_broadcast)."""
-        directory = self.directory(step, epoch)
-        if self.cfg.checkpoint.share != "broadcast":
+        directory = self.directory(self.cfg.read_step(step), epoch)
+        if not self.shares():
             return [self._read_range(directory, r, step, progress) for r in self.reads()]
         self.last_broadcast = {"broadcast_bytes": 0, "broadcast_s": 0.0}
         out = []
@@ -315,18 +328,26 @@ class Checkpointer:
                 continue
             group = self.sharer(members)
             for r in ranges:
-                out += self._share_range(directory, r, group, step, progress)
+                owner = None
+                if self.cfg.is_model_load:  # fastsafetensors: one member reads the file whole
+                    owner = members.index(load_plan.shard_owner(self.cfg.parallelism, self.job, self.rank, r,
+                                                                self.reads()))
+                out += self._share_range(directory, r, group, step, progress, owner)
         return out
 
+    def shares(self) -> bool:
+        """Whether ranks reading the same range split it and broadcast (load_plan.sharing)."""
+        return load_plan.sharing(self.cfg.parallelism, self.job, self.cfg.checkpoint.share)
+
     def _share_range(self, directory: str, r: load_plan.ReadRange, group: Broadcast, step: int,
-                     progress: Progress) -> list[FileStats]:
+                     progress: Progress, owner: Optional[int] = None) -> list[FileStats]:
         pool, st = self.read_buffers(), self.cfg.streaming
         window, received = self.share_buffers()
         shared = read_shared(self.backend, self._named(f"{directory}/{r.name}"), r.file_size, r.offset, r.length,
                              group, pool, window, received,
                              self.cfg.read_size, self.cfg.read_parallelism,
                              self.content(directory, r.writer, r.name) if st.verify else None, self.gen_threads,
-                             progress, pool.scratch(self.cfg.read_size) if st.verify else None)
+                             progress, pool.scratch(self.cfg.read_size) if st.verify else None, owner)
         self.last_broadcast["broadcast_bytes"] += shared.broadcast_bytes
         self.last_broadcast["broadcast_s"] += shared.broadcast_s
         return self._traced(step, "load", shared.storage)

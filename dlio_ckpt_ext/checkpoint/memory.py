@@ -44,9 +44,11 @@ def rank_buffers(cfg: RunConfig, comm_size: int = 1) -> list[tuple[str, object, 
                     (cfg.read_parallelism + (1 if lent else 2)) * cfg.read_size))
         if st.verify:
             out.append(("workload.streaming.verify", st.verify, cfg.read_size))
-        if c.share == "broadcast":
+        if c.share == "broadcast" or (cfg.is_model_load and cfg.model_load.pattern == "fastsafetensors"):
             # a window of the rank's own part, a request in flight each, and a piece received
-            out.append(("workload.checkpoint.share", c.share, (cfg.read_parallelism + 1) * cfg.read_size))
+            key, value = (("workload.model_load.pattern", cfg.model_load.pattern) if cfg.is_model_load
+                          else ("workload.checkpoint.share", c.share))
+            out.append((key, value, (cfg.read_parallelism + 1) * cfg.read_size))
     if s3_parts and c.num_checkpoints_write:
         from dlio_ckpt_ext.config import structured
         from dlio_ckpt_ext.storage.objstore import ObjectOptions

@@ -29,11 +29,24 @@ def local_record(step: int, files: list[FileStats], start: float, end: float, us
 BROADCAST_KEYS = ("broadcast_bytes", "broadcast_s")
 
 
-def window_part(record: dict, rank: int, host: str) -> dict:
+def window_part(record: dict, rank: int, host: str, replica: int | None = None) -> dict:
     """What rank 0 needs of a rank's record for the global window: no file or
-    chunk detail (gathered from every rank, it must stay O(1) per rank)."""
+    chunk detail (gathered from every rank, it must stay O(1) per rank);
+    replica: a model load's serving replica the rank belongs to."""
     return {k: record[k] for k in ("step", "start", "end", "elapsed_s", "bytes", *USAGE_KEYS)} | \
-        {k: record[k] for k in BROADCAST_KEYS if k in record} | {"rank": rank, "host": host}
+        {k: record[k] for k in BROADCAST_KEYS if k in record} | {"rank": rank, "host": host} | \
+        ({"replica": replica} if replica is not None else {})
+
+
+def replica_times(records_by_rank: list[dict]) -> dict:
+    """A model load's replicas: each one's time from its first rank's start to
+    its last rank holding its weights, and the slowest."""
+    replicas: dict[int, list[dict]] = {}
+    for r in records_by_rank:
+        replicas.setdefault(r["replica"], []).append(r)
+    times = {k: max(r["end"] for r in v) - min(r["start"] for r in v) for k, v in sorted(replicas.items())}
+    slowest = max(times, key=times.get)
+    return {"replica_s": times, "slowest_replica": slowest, "slowest_replica_s": times[slowest]}
 
 
 def global_window(records_by_rank: list[dict]) -> dict:
@@ -58,6 +71,7 @@ def global_window(records_by_rank: list[dict]) -> dict:
         per_host[host] = {"ranks": len(recs), "bytes": host_bytes, "duration_s": span,
                           "throughput_gib_s": host_bytes / GiB / span if span > 0 else 0.0}
     slow_host = min(per_host, key=lambda h: per_host[h]["throughput_gib_s"])
+    replicas = replica_times(records_by_rank) if "replica" in records_by_rank[0] else {}
     return {"step": records_by_rank[0]["step"], "start": start, "end": end, "duration_s": duration,
             "bytes": nbytes, "throughput_gib_s": nbytes / GiB / duration if duration > 0 else 0.0,
             "rank_elapsed_min_s": min(r["elapsed_s"] for r in records_by_rank),
@@ -68,7 +82,8 @@ def global_window(records_by_rank: list[dict]) -> dict:
             "slowest_rank": slowest.get("rank"), "slowest_rank_host": slowest.get("host"),
             "slowest_host": slow_host, "hosts": per_host,
             **{k: sum(r[k] for r in records_by_rank) for k in USAGE_KEYS},
-            **{k: sum(r[k] for r in records_by_rank) for k in BROADCAST_KEYS if k in records_by_rank[0]}}
+            **{k: sum(r[k] for r in records_by_rank) for k in BROADCAST_KEYS if k in records_by_rank[0]},
+            **replicas}
 
 
 def client_cpu(windows: list[dict], node_cpus: int) -> dict:
@@ -174,6 +189,8 @@ def restore_lines(plan: dict, windows: list[dict]) -> list[str]:
              else "the checkpoint saved at the same world size")
     rank_bytes = (f"{plan['rank_bytes_min']}" if plan["rank_bytes_min"] == plan["rank_bytes_max"]
                   else f"{plan['rank_bytes_min']}-{plan['rank_bytes_max']}")
+    if plan["layout"] == "safetensors":
+        return model_load_lines(plan, windows)
     lines = [f"RESTORE (load): restore={plan['pattern']} share={plan['share']}, {plan['ranks']} ranks reading {saved}",
              f"  {'bytes read per load':28s} {plan['bytes_read']} ({plan['amplification']:.3f}x the checkpoint's "
              f"{plan['checkpoint_bytes']} bytes), per rank {rank_bytes}",
@@ -187,6 +204,35 @@ def restore_lines(plan: dict, windows: list[dict]) -> list[str]:
              f"  {'ranged requests per file':28s} max {plan['requests_per_file_max']}, mean "
              f"{plan['requests_per_file_mean']:.2f} (up to {plan['read_size'] / 2**20:g} MiB each)"]
     return lines
+
+
+#: what each model-load pattern emulates, for the results
+LOADERS = {"safetensors": "vLLM's default loader (safetensors, mmap)", "runai": "runai-model-streamer",
+           "fastsafetensors": "fastsafetensors (file per rank, broadcast)"}
+
+
+def model_load_lines(plan: dict, windows: list[dict]) -> list[str]:
+    """RESULTS' lines a platform team reads of a model load: cold start, the
+    replicas' times, bytes delivered and from storage against the model's."""
+    replicas = len(windows[0].get("replica_s", {})) or 1
+    cold, cold_std = mean_std([w["duration_s"] for w in windows])
+    slow = max(windows, key=lambda w: w.get("slowest_replica_s", 0))
+    delivered = plan["bytes_read"]
+    rate = mean_std([delivered / GiB / w["duration_s"] for w in windows if w["duration_s"] > 0])[0]
+    measured = sorted({w["bytes"] for w in windows})
+    return [f"MODEL LOAD: pattern={plan['pattern']} ({LOADERS.get(plan['pattern'], plan['pattern'])}), "
+            f"{replicas} replica(s) of {plan['ranks'] // replicas} rank(s)",
+            f"  {'cold start':28s} {cold:.4f} s (\u00b1{cold_std:.4f}): first rank's start to the last replica "
+            f"holding its weights; slowest replica {slow.get('slowest_replica', 0)} "
+            f"({slow.get('slowest_replica_s', slow['duration_s']):.4f} s, load {slow['step']})",
+            f"  {'delivered':28s} {rate:.4f} GiB/s ({delivered} bytes a load into the ranks)",
+            f"  {'from storage':28s} {plan['storage_bytes']} bytes a load, {plan['storage_amplification']:.3f}x the "
+            f"model's {plan['checkpoint_bytes']}" + ("" if measured == [plan["storage_bytes"]]
+                                                     else f"; MEASURED {', '.join(map(str, measured))}")
+            + (f"; {plan['broadcast_bytes']} by broadcast" if plan["broadcast_bytes"] else ""),
+            f"  {'readers per file':28s} from storage max {plan['storage_readers_per_file_max']}, mean "
+            f"{plan['storage_readers_per_file_mean']:.2f} ({plan['files_read']} of {plan['checkpoint_files']} "
+            f"files read; {plan['storage_requests']} requests of up to {plan['read_size'] / 2**20:g} MiB)"]
 
 
 def mean_std(values: list[float]) -> tuple[float, float]:

@@ -207,7 +207,7 @@ class CheckpointSession:
         c = self.config.checkpoint
         if c.num_checkpoints_write == 0:
             # Reading an earlier run's checkpoints: check they are all there first.
-            self._check_inventory(list(range(1, c.num_checkpoints_read + 1)))
+            self._check_inventory(self.config.steps_read())
         if self.rank == 0:
             with self.abort_on_error("writing the run's marker"):
                 records.write_running(self)
@@ -216,8 +216,7 @@ class CheckpointSession:
     def _sharing_groups(self) -> Optional[SharingGroups]:
         """share=broadcast: every group this rank reads a range with, made now
         (outside the windows) in the order every rank takes them."""
-        c = self.config.checkpoint
-        if c.share != "broadcast" or not c.num_checkpoints_read:
+        if not self.checkpointer.shares() or not self.config.checkpoint.num_checkpoints_read:
             return None
         groups = SharingGroups(self.comm)
         for members, _ in self.checkpointer.share_groups():
@@ -530,7 +529,9 @@ class CheckpointSession:
             blocked = self.comm.gather(self.blocked, root=0)
             self.persist_comm.Free()
         for phase in PHASES:
-            gathered = self.comm.gather([metrics.window_part(r, self.rank, self.topology.host)
+            replica = self.rank // (self.config.parallelism.tensor * self.config.parallelism.pipeline) \
+                if self.config.is_model_load and phase == "load" else None
+            gathered = self.comm.gather([metrics.window_part(r, self.rank, self.topology.host, replica)
                                          for r in self.local[phase]], root=0)
             if self.rank == 0:
                 self.windows[phase] = [metrics.global_window([g[i] for g in gathered])

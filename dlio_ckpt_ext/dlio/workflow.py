@@ -101,8 +101,9 @@ class CheckpointOnlyBenchmark:
         with self._abort_on_error("counting the checkpoints"):
             present = self.comm.bcast(len(self.storage.walk_node(self.args.checkpoint_folder))
                                       if self.rank == 0 else None, root=0)
-            if present < c.num_checkpoints_read:
-                raise StorageError(f"{c.num_checkpoints_read} checkpoints to read but {present} present in "
+            needed = max(self.mechanism.session.config.steps_read(), default=0)
+            if present < needed:
+                raise StorageError(f"{needed} checkpoints to read but {present} present in "
                                    f"{self.storage.get_uri(self.args.checkpoint_folder)}")
         with trace.span("DLIOBenchmark._checkpoint_read", trace.APP):
             self._phase("load", c.num_checkpoints_read, self.mechanism.load_checkpoint)

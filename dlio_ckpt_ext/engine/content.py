@@ -9,7 +9,7 @@ overlap, hence seeds come from a hash.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 import dgen_py
@@ -29,14 +29,51 @@ class ContentSpec:
     seed: int
     dedup_ratio: int = 1
     compress_ratio: int = 1
+    #: bytes the file starts with, not generated (a safetensors header); the rest is generated after them
+    prefix: bytes = field(default=b"", repr=False)
 
     @property
     def seekable(self) -> bool:
         return self.dedup_ratio == 1 and self.compress_ratio == 1
 
 
+class _Prefixed:
+    """Bytes [offset, offset + size) of a file that is `prefix` then generated
+    data: the prefix's part copied, the data's generated (its offsets counted
+    from the data's start, as it was written)."""
+
+    def __init__(self, spec: ContentSpec, size: int, offset: int, threads: int, chunk_size: int,
+                 file_size: Optional[int]) -> None:
+        self.prefix, self.pos, self.end = memoryview(spec.prefix), offset, offset + size
+        p = len(spec.prefix)
+        self.data = None
+        if self.end > p:
+            start = max(0, offset - p)
+            self.data = _generated(ContentSpec(spec.seed, spec.dedup_ratio, spec.compress_ratio), self.end - p - start,
+                                   start, threads, chunk_size, None if file_size is None else file_size - p)
+
+    def fill_chunk(self, view: memoryview) -> int:
+        n, done = min(len(view), self.end - self.pos), 0
+        if self.pos < len(self.prefix):
+            done = min(n, len(self.prefix) - self.pos)
+            view[:done] = self.prefix[self.pos:self.pos + done]
+        if done < n:
+            done += self.data.fill_chunk(view[done:n])
+        self.pos += done
+        return done
+
+
 def generator(spec: ContentSpec, size: int, offset: int = 0, threads: int = 1,
               chunk_size: int = 32 * BLOCK, file_size: Optional[int] = None) -> "dgen_py.Generator":
+    """Bytes [offset, offset+size) of a file of file_size bytes (default: ending
+    there), as dgen-py generated them after the spec's prefix, if it has one."""
+    if spec.prefix:
+        return _Prefixed(spec, size, offset, threads, chunk_size, file_size)
+    return _generated(spec, size, offset, threads, chunk_size, file_size)
+
+
+def _generated(spec: ContentSpec, size: int, offset: int = 0, threads: int = 1,
+               chunk_size: int = 32 * BLOCK, file_size: Optional[int] = None) -> "dgen_py.Generator":
     """A dgen-py generator producing bytes [offset, offset+size) of a file of
     file_size bytes (default: ending there). An offset inside a block (a saved
     item a restore reads whole) starts at the block and discards the bytes

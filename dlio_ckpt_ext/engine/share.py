@@ -52,13 +52,18 @@ def windows(start: int, end: int, chunk: int, pieces: int) -> list[tuple[int, in
 def read_shared(backend: Backend, path: str, file_size: int, offset: int, length: int, group: Broadcast,
                 pool: BufferPool, window: memoryview, received: memoryview, request: int, pieces: int,
                 content: Optional[ContentSpec] = None, gen_threads: int = 1, progress: Progress = None,
-                expected: Optional[memoryview] = None) -> Shared:
+                expected: Optional[memoryview] = None, owner: Optional[int] = None) -> Shared:
     """Read this rank's part of [offset, offset + length) of `path` and
     broadcast it; receive the others' parts (verified against `content` when
-    given). window: at least pieces x request bytes; received and expected:
-    at least request bytes."""
-    parts = split_range(offset, offset + length, request, group.size)
-    parts += [(offset + length, offset + length)] * (group.size - len(parts))
+    given). With `owner` (a member's index) that member reads it all
+    (fastsafetensors: file i by rank i), else the members split it. window: at
+    least pieces x request bytes; received and expected: at least request bytes."""
+    end = offset + length
+    if owner is None:
+        parts = split_range(offset, end, request, group.size)
+        parts += [(end, end)] * (group.size - len(parts))
+    else:
+        parts = [(offset, end) if i == owner else (end, end) for i in range(group.size)]
     plan = [windows(a, b, request, pieces) for a, b in parts]
     out = Shared([])
     for j in range(max(len(w) for w in plan)):

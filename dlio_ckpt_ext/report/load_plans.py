@@ -41,7 +41,9 @@ def plan_lines(s: dict, storage_type: str = "") -> list[str]:
     gib = lambda n: f"{n / GiB:.3f} GiB"  # noqa: E731
     saved = f"saved at {s['saved_ranks']} ranks" + (", resharded" if s["saved_ranks"] != s["ranks"] else "")
     read_kind = "ranged GETs" if storage_type == "s3" else "read requests"
-    lines = [f"load plan: restore={s['pattern']} share={s['share']} layout={s['layout']}, {s['ranks']} ranks, {saved}",
+    what = (f"model load: pattern={s['pattern']}" if s["layout"] == "safetensors"
+            else f"load plan: restore={s['pattern']} share={s['share']} layout={s['layout']}")
+    lines = [f"{what}, {s['ranks']} ranks, {saved}",
              f"  checkpoint           {s['checkpoint_bytes']} bytes ({gib(s['checkpoint_bytes'])}) in "
              f"{s['checkpoint_files']} files",
              f"  bytes read           {s['bytes_read']} ({gib(s['bytes_read'])}), "
@@ -51,7 +53,8 @@ def plan_lines(s: dict, storage_type: str = "") -> list[str]:
              f"  requests             {s['storage_requests']} {read_kind} of up to {s['read_size'] >> 20} MiB from "
              f"storage ({s['requests']} ranges' pieces in all)",
              f"  fan-in               readers per file max {s['readers_per_file_max']}, mean "
-             f"{s['readers_per_file_mean']:.2f}; {s['files_read']} files read, {s['files_unread']} unread",
+             f"{s['readers_per_file_mean']:.2f}; from storage max {s['storage_readers_per_file_max']}, mean "
+             f"{s['storage_readers_per_file_mean']:.2f}; {s['files_read']} files read, {s['files_unread']} unread",
              f"  requests per file    max {s['requests_per_file_max']}, mean {s['requests_per_file_mean']:.2f}",
              "  per rank:"]
     for ranks, c in _rank_classes(s["per_rank"]):

@@ -566,6 +566,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         sub = submission_from(args)
         cfg = effective_config(sub)
+        if cfg.is_model_load:
+            raise ConfigError("--workload", sub.workload, "a checkpointing preset: a model load (published "
+                              "safetensors read by serving replicas) is no MLPerf Storage workload; run it with "
+                              "dlio_benchmark")
         find_executable("mpirun")
     except (ConfigError, FileNotFoundError) as exc:
         print(redact_text(f"[submit] {exc}"), file=sys.stderr)

@@ -16,7 +16,7 @@ def presets() -> list[str]:
     else:
         import importlib.resources
         folder = Path(str(importlib.resources.files("dlio_ckpt_ext.configs") / "workload"))
-    return sorted(p.stem for p in folder.glob("*_checkpoint.yaml"))
+    return sorted(p.stem for pattern in ("*_checkpoint.yaml", "*_model_load.yaml") for p in folder.glob(pattern))
 
 
 def compose_config(workload: str, overrides: list[str], ranks: int) -> RunConfig:
