@@ -8,7 +8,7 @@ a `.metadata` that rank 0 writes once every rank has finished (DCP's commit).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from dlio_ckpt_ext import safetensors_plan
 from dlio_ckpt_ext.errors import ConfigError
@@ -242,7 +242,8 @@ def _safetensors_plan(m: ModelShape, p: Parallelism, comm_size: int, rank: int) 
 
 def rank_plan(m: ModelShape, p: Parallelism, comm_size: int, rank: int) -> RankPlan:
     """The files `rank` writes in one checkpoint, with exact byte sizes."""
-    validate(m, p, comm_size)
+    # published weights are the same however they are served: any number of ranks publishes them
+    validate(m, replace(p, tensor=1, pipeline=1) if p.layout == "safetensors" else p, comm_size)
     if not 0 <= rank < comm_size:
         raise ConfigError("rank", rank, f"0..{comm_size - 1}")
     if p.layout == "dcp":

@@ -28,6 +28,7 @@ BENCHES = {
     "remote_bench": "remote object storage through the emulated link",
     "cloud_bench": "Azure Blob and GCS against each cloud's own SDK",
     "restore_bench": "restores: each load pattern against raw reads of the same ranges",
+    "model_load_bench": "model loads: each pattern against the real loader it emulates",
     "trace_bench": "tracing cost",
     "scale_bench": "requests, start-up, end and output size as the ranks grow",
     "cpu_bench": "client CPU per GiB against raw references",
