@@ -22,3 +22,6 @@ FAILED_FILE = "job_failed.txt"
 #: a live run's claim on its output folder and its checkpoint folder (dlio/ownership.py):
 #: who runs there, and its heartbeat; storage listings leave it out
 OWNER_FILE = "ckpt_ext_owner.json"
+#: rank 0 appends each checkpoint's global window (every rank finished it) as it ends, one JSON
+#: line each: what a run that breaks later still measured (`dlio-ckpt-report status`)
+WINDOWS_FILE = "ckpt_ext_windows.jsonl"

@@ -174,6 +174,42 @@ def test_one_failing_rank_aborts_the_whole_job(workdir):
         assert "complete (every file at its planned size): none\n  not started: 1-10 (10)" in status.stdout
 
 
+def test_a_rank_killed_in_checkpoint_2_keeps_checkpoint_1s_figures_for_status(workdir):
+    """kill -9 of rank 1 once checkpoint 1 finished on every rank: the run breaks, and
+    `status` says checkpoint 1's window exactly as the run said it while running."""
+    import os
+    import psutil
+    cmd = dlio_command(workdir, 2, "llama3_tiny_checkpoint", "++workload.checkpoint.num_checkpoints_write=3",
+                       "++workload.checkpoint.num_checkpoints_read=0")
+    proc = subprocess.Popen(cmd, cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    said = None
+    try:
+        for line in proc.stdout:
+            if line.startswith("[INFO] checkpoint save 1, every rank done: "):
+                said = line.strip()[len("[INFO] "):]
+                break
+        assert said, "the run never said checkpoint 1's window"
+        rank1 = [p for p in psutil.Process(proc.pid).children(recursive=True)
+                 if p.environ().get("OMPI_COMM_WORLD_RANK") == "1"]
+        assert rank1
+        for p in rank1:
+            p.send_signal(9)
+        rest = proc.communicate(timeout=120)[0]
+    finally:
+        proc.kill()
+    assert proc.returncode != 0, rest
+    status = subprocess.run([tool("dlio-ckpt-report"), "status", str(workdir / "out")], capture_output=True,
+                            text=True)
+    assert status.returncode == 1, status.stdout + status.stderr
+    assert "measured before it broke (checkpoints every rank finished; not a result of a finished run):" \
+        in status.stdout
+    assert f"    {said}\n" in status.stdout
+    duration = re.search(r"every rank done: ([0-9.]+) s, ([0-9.]+) GiB/s", said)
+    assert f"[METRIC, unfinished run] Checkpoint save duration (seconds): {duration[1]}" in status.stdout
+    assert "checkpoint save 3, every rank done" not in status.stdout
+
+
 @pytest.mark.skipif(shutil.which("script") is None, reason="util-linux 'script' (a pseudo-terminal) is missing")
 def test_progress_bar_only_on_a_terminal(workdir):
     cmd = " ".join(shlex.quote(c) for c in dlio_command(workdir, 2, "llama3_tiny_checkpoint",

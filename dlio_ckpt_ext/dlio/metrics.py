@@ -235,6 +235,14 @@ def model_load_lines(plan: dict, windows: list[dict]) -> list[str]:
             f"files read; {plan['storage_requests']} requests of up to {plan['read_size'] / 2**20:g} MiB)"]
 
 
+def window_line(phase: str, window: dict) -> str:
+    """One checkpoint's global window as said when every rank finished it (and again by
+    `dlio-ckpt-report status` for a run that broke later)."""
+    return (f"checkpoint {phase} {window['step']}, every rank done: {window['duration_s']:.4f} s, "
+            f"{window['throughput_gib_s']:.4f} GiB/s ({window['bytes']} bytes, first rank's start to last "
+            "rank's end)")
+
+
 def mean_std(values: list[float]) -> tuple[float, float]:
     if not values:
         return 0.0, 0.0

@@ -21,7 +21,8 @@ from dlio_ckpt_ext.dlio import metrics, provenance, trace
 from dlio_ckpt_ext.engine.buffers import huge_page_bytes, thp_setting
 from dlio_ckpt_ext.engine.threads import usable_cpus
 from dlio_ckpt_ext.redact import redact_args, redact_tree
-from dlio_ckpt_ext.result_files import CHUNKS_FILE, CONFIG_FILE, MANIFEST_FILE, RANK_STATS_DIR, RECORD_FILE, RUNNING_FILE
+from dlio_ckpt_ext.result_files import (CHUNKS_FILE, CONFIG_FILE, MANIFEST_FILE, RANK_STATS_DIR, RECORD_FILE,
+                                        RUNNING_FILE, WINDOWS_FILE)
 
 from dlio_ckpt_ext.checkpoint.checkpointer import Checkpointer
 from dlio_ckpt_ext.config import RunConfig
@@ -79,6 +80,12 @@ def write_running(session: CheckpointSession) -> None:
         "command": redact_args(sys.argv), "ranks": session.size, "hosts": list(topo.hosts),
         "checkpoints": redact_tree(session.checkpointer.planned_writes(list(range(1, c.num_checkpoints_write + 1)))),
         "keep_files": c.keep_files})
+
+
+def append_window(session: CheckpointSession, phase: str, window: dict) -> None:
+    """Rank 0: one checkpoint's global window, appended as it ends (WINDOWS_FILE)."""
+    with open(os.path.join(session.output_folder, WINDOWS_FILE), "a") as fh:
+        fh.write(json.dumps({"phase": phase, **window}, default=str) + "\n")
 
 
 def remove_running(session: CheckpointSession) -> None:

@@ -437,7 +437,21 @@ class CheckpointSession:
             record.update(self.checkpointer.last_broadcast)
         self.local[phase].append(record)
         self.files[phase].extend(files)
+        self._keep_window(phase, record)
         return files
+
+    def _keep_window(self, phase: str, record: dict) -> None:
+        """With rank_sync (the ranks meet after each checkpoint anyway), rank 0
+        gathers the checkpoint's window parts now, says its global window and
+        appends it to WINDOWS_FILE: a run that breaks later keeps it. O(1) a rank."""
+        if not self.rank_sync:
+            return
+        with self.abort_on_error(f"gathering checkpoint {phase} {record['step']}'s window"):
+            parts = self.comm.gather(metrics.window_part(record, self.rank, self.topology.host), root=0)
+            if self.rank == 0:
+                window = metrics.global_window(parts)
+                records.append_window(self, phase, window)
+                print(f"[INFO] {metrics.window_line(phase, window)}", flush=True)
 
     def _barrier(self) -> None:
         """DCP's commit barrier: waiting for the other ranks is no stalled request."""

@@ -10,13 +10,14 @@ complete checkpoints from the half-written ones.
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from dlio_ckpt_ext.errors import ConfigError, StorageError
 from dlio_ckpt_ext.redact import REDACTED
 from dlio_ckpt_ext.report.results import ResultsError, read_json
-from dlio_ckpt_ext.result_files import RECORD_FILE, RUNNING_FILE
+from dlio_ckpt_ext.result_files import RECORD_FILE, RUNNING_FILE, WINDOWS_FILE
 from dlio_ckpt_ext.storage import Backend, open_backend
 
 
@@ -117,6 +118,40 @@ def remove_incomplete(state: RunState) -> tuple[int, int]:
     return removed, backend.abort_uploads(state.open_uploads) if state.open_uploads else 0
 
 
+def finished_windows(folder: Path) -> dict[str, list[dict]]:
+    """The global windows of the checkpoints every rank finished (WINDOWS_FILE),
+    by phase; a line the run was writing when it broke is left out."""
+    out: dict[str, list[dict]] = {}
+    path = Path(folder) / WINDOWS_FILE
+    if not path.exists():
+        return out
+    for line in path.read_text().splitlines():
+        try:
+            window = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        out.setdefault(window["phase"], []).append(window)
+    return out
+
+
+def measured_lines(folder: Path) -> list[str]:
+    """What an unfinished run measured: each checkpoint every rank finished, as
+    the run said it, and the [METRIC]-style figures of those alone."""
+    from dlio_ckpt_ext.dlio import metrics
+    windows = finished_windows(folder)
+    if not windows:
+        return ["  measured: no checkpoint finished on every rank (or the run did not keep windows: "
+                "checkpoint.rank_sync=False)"]
+    lines = ["  measured before it broke (checkpoints every rank finished; not a result of a finished run):"]
+    for phase in ("save", "load"):
+        for w in windows.get(phase, []):
+            lines.append(f"    {metrics.window_line(phase, w)}")
+        lines += [f"    {line}" for line in metrics.metric_lines(phase, windows.get(phase, []),
+                                                                  "[METRIC, unfinished run]")
+                  if windows.get(phase)]
+    return lines
+
+
 def _steps(steps: list[int]) -> str:
     return ", ".join(map(str, steps)) if len(steps) <= 6 else f"{steps[0]}-{steps[-1]} ({len(steps)})"
 
@@ -145,4 +180,4 @@ def describe(state: RunState, shown: int = 20) -> list[str]:
                      else f"  open multipart upload: {u['key']} (id {u['upload_id']})")
     if state.incomplete or state.open_uploads:
         lines.append("  --remove-incomplete deletes the incomplete checkpoints' files and aborts the open uploads")
-    return lines
+    return lines + measured_lines(state.folder)
