@@ -19,8 +19,10 @@ B A, order-balanced ratio, bench/pairs.py):
   (posix_fadvise DONTNEED on every shard; ours reads with O_DIRECT);
 - `runai` against runai-model-streamer's SafetensorsStreamer (its defaults:
   16 threads of 2 MiB reads on a file system, 8 MiB ranged GETs on S3), on the
-  local disk and on SeaweedFS, where the server's own counters give both
-  sides' ranged GETs.
+  local disk and on SeaweedFS behind the emulated remote link (--link, default
+  10 ms each way and 40 MB/s a connection: what a remote store serves, so the
+  loader's own CPU on these 2 cores is not what is compared), where the
+  server's own counters give both sides' ranged GETs.
 
 Target: ours within 0.9-1.1x of the loader it emulates, and the same GETs on S3.
 """
@@ -82,6 +84,9 @@ def ours(args, root: str, storage_type: str, pattern: str):
     from dlio_ckpt_ext.checkpoint.checkpointer import Checkpointer
     cfg = config(args, root, storage_type, args.tensor_parallel, pattern, num_checkpoints_write=0,
                  num_checkpoints_read=1, saved_ranks=1)
+    if args.reads:  # the loader's defaults replaced, to try others
+        size, in_flight = args.reads.split(":")
+        cfg.read_size, cfg.sections.model_load.read_parallelism = int(size) << 20, int(in_flight)
     ck = Checkpointer(cfg, 0, args.tensor_parallel, args.tensor_parallel)
     ck.prepare()
 
@@ -169,6 +174,9 @@ def main() -> None:
     ap.add_argument("--hidden", type=int, default=2048)
     ap.add_argument("--shard-mb", type=int, default=200, help="max_shard_size of the publish, MB")
     ap.add_argument("--tensor-parallel", type=int, default=2, help="the replica's ranks (ours reads rank 0's part)")
+    ap.add_argument("--link", default="10:40", help="latency_ms:MB_per_s per connection of the emulated link "
+                                                     "in front of SeaweedFS ('' for none)")
+    ap.add_argument("--reads", help="MiB:in-flight for our patterns instead of the loaders' defaults")
     ap.add_argument("--dir", help="scratch directory on the disk to measure (default: a temporary one)")
     ap.add_argument("--json", help="also save the table here (bench/results/model_load_bench.json for the docs)")
     args = ap.parse_args()
@@ -187,13 +195,15 @@ def main() -> None:
             server = None
             if storage == "s3":
                 from dlio_ckpt_ext.tools import local_s3
-                server = local_s3.start(workdir / "server")
+                from dlio_ckpt_ext.tools.remote_link import LinkSpec
+                link = LinkSpec(*(float(x) for x in args.link.split(":"))) if args.link else None
+                server = local_s3.start(workdir / "server", link=link)
                 local_s3.create_bucket(server, BUCKET)
                 os.environ.update(server.env())
                 os.environ.update({"RUNAI_STREAMER_S3_USE_VIRTUAL_ADDRESSING": "0",
                                    "AWS_EC2_METADATA_DISABLED": "true", "RUNAI_STREAMER_S3_ENDPOINT":
                                    server.env()["AWS_ENDPOINT_URL"]})
-                root, storage_type, where = f"s3://{BUCKET}", "s3", "SeaweedFS (loopback)"
+                root, storage_type, where = f"s3://{BUCKET}", "s3", f"SeaweedFS ({link or 'loopback'})"
             else:
                 root, storage_type, where = str(workdir / "local"), "local_fs", "local disk"
             try:

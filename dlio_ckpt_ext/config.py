@@ -251,9 +251,10 @@ def s3_part_size(key: str, value: Any) -> int:
 
 
 #: (read_size, requests in flight) of each loader a model-load pattern emulates, on a file
-#: system and on an object store (docs/model-loads.md has the sources)
-LOADER_READS = {"safetensors": {"fs": (2 * MiB, 1), "s3": (2 * MiB, 1)},
-                "runai": {"fs": (2 * MiB, 16), "s3": (8 * MiB, 8)},
+#: system and on an object store (docs/model-loads.md has the sources and the measurements:
+#: bench/model_load_bench.py against the safetensors library and runai-model-streamer)
+LOADER_READS = {"safetensors": {"fs": (2 * MiB, 2), "s3": (2 * MiB, 2)},
+                "runai": {"fs": (2 * MiB, 16), "s3": (8 * MiB, 16)},
                 "fastsafetensors": {"fs": (16 * MiB, 16), "s3": (16 * MiB, 16)}}
 
 

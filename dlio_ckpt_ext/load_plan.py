@@ -289,6 +289,14 @@ def _shard_reads(m, p, job, rank, shards, writer) -> list[ReadRange]:
         return out
     members = [rank] if job.pattern == "runai" else list(tensor_group(p, rank))
     wanted = sorted({j for r in members for j, _, _, _ in _needed(m, p, r)})
+    if job.pattern == "runai":
+        # SafetensorsStreamer streams all its files three times: every file's 8-byte header
+        # length, then every header, then the tensors (safetensors_pytorch.py, runai-model-streamer 0.17)
+        per_file = [[ReadRange(shards[j].name, o, n, writer(j), shards[j].size)
+                     for o, n in ((0, 8), (8, shards[j].data_start - 8),
+                                  (shards[j].data_start, shards[j].size - shards[j].data_start))]
+                    for j in wanted]
+        return [reads[k] for k in range(3) for reads in per_file]
     return [ReadRange(shards[j].name, 0, shards[j].size, writer(j), shards[j].size) for j in wanted]
 
 

@@ -70,7 +70,7 @@ def test_the_readmes_preset_bytes_are_the_plans():
     from dlio_ckpt_ext.submission.submit import Submission, effective_config, presets
     rows = re.findall(r"^\| `(\w+_(?:checkpoint|model_load))` \|.*\| ([\d,]+) \(at (\d+) ranks?(?:; ([\d,]+) at (\d+))?\) \|$",
                       (REPO / "README.md").read_text(), re.M)
-    assert sorted(r[0] for r in rows) == presets()
+    assert sorted(r[0] for r in rows) == presets()  # checkpointing and model-load presets alike
     for workload, total, ranks, other_total, other_ranks in rows:
         for text, n in ((total, ranks), (other_total, other_ranks)):
             if text:

@@ -68,7 +68,7 @@ def effective_config(sub: Submission, with_user_overrides: bool = True) -> RunCo
     """The preset with the overrides, composed by hydra exactly as dlio_benchmark would
     (without the user's overrides: the preset as CLOSED requires it)."""
     return compose_config(sub.workload, sub.all_overrides if with_user_overrides else sub.mode_overrides,
-                          sub.ranks)
+                          sub.ranks, kinds=("_checkpoint",))
 
 
 def written(cfg: RunConfig) -> dict:

@@ -7,8 +7,12 @@ from dlio_ckpt_ext.config import RunConfig, load_config
 from dlio_ckpt_ext.errors import ConfigError
 
 
-def presets() -> list[str]:
-    """The names of the checkpoint presets DLIO finds (through our hydra search-path plugin)."""
+#: the preset kinds, by their names' ends: checkpointing (MLPerf's and ours) and model loads
+KINDS = ("_checkpoint", "_model_load")
+
+
+def presets(kinds: tuple[str, ...] = KINDS) -> list[str]:
+    """The names of the presets of those kinds DLIO finds (through our hydra search-path plugin)."""
     from hydra_plugins.dlio_ckpt_ext_searchpath import presets_location
     location = presets_location()
     if location.startswith("file://"):
@@ -16,17 +20,19 @@ def presets() -> list[str]:
     else:
         import importlib.resources
         folder = Path(str(importlib.resources.files("dlio_ckpt_ext.configs") / "workload"))
-    return sorted(p.stem for pattern in ("*_checkpoint.yaml", "*_model_load.yaml") for p in folder.glob(pattern))
+    return sorted(p.stem for kind in kinds for p in folder.glob(f"*{kind}.yaml"))
 
 
-def compose_config(workload: str, overrides: list[str], ranks: int) -> RunConfig:
+def compose_config(workload: str, overrides: list[str], ranks: int, kinds: tuple[str, ...] = KINDS) -> RunConfig:
     """Preset `workload` with hydra `overrides`, composed by hydra exactly as
-    dlio_benchmark would, validated for a job of `ranks` ranks."""
+    dlio_benchmark would, validated for a job of `ranks` ranks; an unknown one
+    is refused with the presets of `kinds` listed."""
     from hydra import compose, initialize_config_module
     from hydra.errors import MissingConfigException
     try:
         with initialize_config_module(config_module="dlio_benchmark.configs", version_base=None):
             cfg = compose(config_name="config", overrides=[f"workload={workload}", *overrides])
     except MissingConfigException:
-        raise ConfigError("--workload", workload, "one of the checkpoint presets: " + ", ".join(presets()))
+        what = "checkpoint presets" if kinds == ("_checkpoint",) else "presets"
+        raise ConfigError("--workload", workload, f"one of the {what}: " + ", ".join(presets(kinds)))
     return load_config(cfg.workload, ranks)
