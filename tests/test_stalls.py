@@ -9,15 +9,18 @@ def test_a_stall_is_said_while_it_lasts_and_kept_with_its_checkpoint_and_file():
     watch = StallWatch(3, 0.2, lambda: "file s3://b/k, endpoint http://e", said.append)
     watch.begin("save", 7)
     watch.progress(1)
-    time.sleep(0.55)  # two limits without a completed request: said twice
+    t0 = time.monotonic()
+    while len(said) < 2 and time.monotonic() - t0 < 30:  # two limits without a completed request
+        time.sleep(0.01)
     watch.progress(1)
     watch.end()
-    assert len(said) == 2 and all(line.startswith("[WARNING] rank 3: no save request has completed for ")
+    # said again each limit while it lasted (a loaded machine may let a third in before progress)
+    assert len(said) >= 2 and all(line.startswith("[WARNING] rank 3: no save request has completed for ")
                                   and line.endswith("s (checkpoint 7, file s3://b/k, endpoint http://e); still "
                                                     "waiting") for line in said)
     [stall] = watch.stalls
     assert (stall["phase"], stall["step"], stall["file"]) == ("save", 7, "file s3://b/k, endpoint http://e")
-    assert 0.4 < stall["duration_s"] < 2
+    assert stall["duration_s"] >= 0.4
 
 
 def test_steady_progress_and_the_time_between_checkpoints_are_no_stall():
