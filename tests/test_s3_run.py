@@ -316,7 +316,9 @@ def test_a_frozen_server_is_said_while_frozen_and_the_stall_kept(tmp_path):
     assert stall["phase"] == "save" and str(stall["step"]) == frozen_step and 11 < stall["duration_s"] < 30
     assert any(w.startswith(f"[WARNING] rank 0's save of checkpoint {stall['step']} stalled for ")
                for w in record["warnings"])
-    assert re.search(rf"^  save {stall['step']}: first / last done .*; STALLED \d+\.\d s \(rank 0\)$", out, re.M)
+    # the longest stall of that checkpoint is named (a loaded machine may add short ones: "N stalls")
+    assert re.search(rf"^  save {stall['step']}: first / last done .*; STALLED \d+\.\d s \(rank 0(, \d+ stalls)?\)$",
+                     out, re.M)
     slow = record["save"]["results"]["slow_requests"]  # the request the freeze held, at least
     assert slow["slow"] >= 1 and slow["worst_s"] > 11 and slow["worst_rank"] == 0
     assert f"  slow requests                {slow['slow']} of {slow['requests']} over 10x their rank's median" in out

@@ -84,7 +84,10 @@ def test_our_spans_carry_their_arguments_on_the_thread_that_did_the_work(traced_
             if phase == "save":  # written from the pipeline's consumer, the checkpoint's own thread
                 assert {int(e["tid"]) for e in requests} == {main_tid}
                 traced_s = sum(int(e["dur"]) for e in requests) / 1e6
-                assert traced_s == pytest.approx(sum(c[3] for f in files for c in f["chunks"]), abs=2e-3 * len(files))
+                # each request timed twice (its span, our chunk record) around the same call: a
+                # loaded machine may switch threads between the two stamps, a ms or two each
+                assert traced_s == pytest.approx(sum(c[3] for f in files for c in f["chunks"]),
+                                                 abs=2e-3 * len(requests))
             else:  # read on the reader threads, never on the checkpoint's own
                 assert main_tid not in {int(e["tid"]) for e in requests}
         fills = [e for e in mine if e["name"] == "fill"]
