@@ -27,6 +27,8 @@ from dlio_ckpt_ext.result_files import OWNER_FILE
 HEARTBEAT_S = 10.0
 STALE_AFTER_S = 3 * HEARTBEAT_S
 SETTLE_S = 0.5
+#: how long the end of a run waits for a heartbeat write in flight before removing the marker
+RELEASE_WAIT_S = 30.0
 
 
 @dataclass
@@ -122,8 +124,12 @@ class Lease:
                     pass
 
     def release(self) -> None:
-        """The run ended: its markers go, where they are still its own."""
+        """The run ended: its markers go, where they are still its own. A beat
+        still writing is waited for first (on a loaded machine its write landed
+        after the removal and left the marker behind, seen on GCS)."""
         self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=RELEASE_WAIT_S)
         with self._lock:
             folders, self.folders = self.folders, []
         for folder in folders:
