@@ -43,6 +43,8 @@ TARGETS = {("local", "save"): 0.15, ("S3", "save"): 0.6, ("S3", "load"): 0.3}
 PATHS = {
     "local": ([], None),
     "S3": (["++workload.storage.storage_type=s3"], "unsigned"),
+    "S3, retries not counted": (["++workload.storage.storage_type=s3",
+                                 "++workload.storage.storage_options.count_retries=False"], "unsigned"),
     "S3, sha256": (["++workload.storage.storage_type=s3",
                     "++workload.storage.storage_options.payload_signing=sha256"], "sha256"),
     "S3, former defaults": (["++workload.storage.storage_type=s3",

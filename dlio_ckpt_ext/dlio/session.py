@@ -32,6 +32,7 @@ from dlio_ckpt_ext.engine.profile import (FileStats, phase_report, phase_totals,
                                           usage_since)
 from dlio_ckpt_ext.errors import ConfigError
 from dlio_ckpt_ext.result_files import OWNER_FILE
+from dlio_ckpt_ext.storage import retries
 from dlio_ckpt_ext.storage.posix import read_marker_file, write_marker_file
 from dlio_ckpt_ext.checkpoint.memory import check_memory
 
@@ -93,17 +94,12 @@ def catch_interrupts() -> None:
 _watching = False
 
 
-def _ranks(ranks: list[int]) -> str:
-    shown = ", ".join(map(str, ranks[:8]))
-    return shown if len(ranks) <= 8 else f"{shown}, ... ({len(ranks)} in all)"
-
-
 def generation_limited_warning(steps: dict[int, list[int]], topo: Topology) -> str:
     """Which ranks' save figures were their generators', and what would help on
     this node: a wider binding only where the node has CPUs the binding withholds."""
     all_steps = sorted({s for rank_steps in steps.values() for s in rank_steps})
-    head = (f"[WARNING] generation limited the save of checkpoint step(s) {_ranks(all_steps)} on rank(s) "
-            f"{_ranks(sorted(steps))}: at the generator thread limit, files carrying most of the checkpoint's "
+    head = (f"[WARNING] generation limited the save of checkpoint step(s) {metrics.listed(all_steps)} on rank(s) "
+            f"{metrics.listed(sorted(steps))}: at the generator thread limit, files carrying most of the checkpoint's "
             f"bytes took longer to generate than to write (rank 0 may run on {topo.cpu_mask_size} CPU(s), "
             f"its share {topo.cpu_share:g}; binding: {topo.binding}); ")
     per_rank = topo.node_cpus // max(1, topo.ranks_per_node)
@@ -187,6 +183,7 @@ class CheckpointSession:
             self.checkpointer = Checkpointer(self.config, self.rank, self.size, self.topology.ranks_per_node,
                                              self.topology.cpu_share)
             self.checkpointer.tracer = trace.chunk_tracer(self.rank)
+            self.checkpointer.backend.start_retry_counting()
             self._claim_folders("output")
             self.checkpointer.prepare()
             self.sharing = self._sharing_groups()
@@ -366,6 +363,8 @@ class CheckpointSession:
         for phase, cpu in self.client_cpu.items():
             out += metrics.client_cpu_warning(phase, cpu)
         out += metrics.stall_warnings(self.stalls)
+        for phase in PHASES:
+            out += metrics.throttle_warnings(phase, self.windows[phase])
         if c.recovery_rank_shift and self.checkpointer.source_rank() == self.rank:
             out.append("[WARNING] checkpoint.recovery_rank_shift=True shifts nothing here: all "
                        f"{self.size} ranks are on one node (the shift is by ranks per node), so every rank "
@@ -406,11 +405,12 @@ class CheckpointSession:
     def _persist(self, epoch: int, step: int) -> None:
         """The background thread: the persist is this checkpoint's save (its
         window is what the save [METRIC] lines report)."""
-        start, usage = time.time(), process_usage()
+        start, usage, retried = time.time(), process_usage(), self.checkpointer.backend.retry_counts()
         with self._span("persist", step):
             files = self.checkpointer.persist(step, epoch, self.persister.check, self.persist_comm.Barrier)
         end = time.time()
-        self.local["save"].append(metrics.local_record(step, files, start, end, usage_since(usage)))
+        self.local["save"].append(metrics.local_record(step, files, start, end, usage_since(usage),
+                                                       self._retries_since(retried)))
         self.files["save"].extend(files)
 
     def drain(self) -> None:
@@ -424,7 +424,7 @@ class CheckpointSession:
                     action: Callable[..., list[FileStats]]) -> list[FileStats]:
         with self.abort_on_error(f"checkpoint {phase} {step}"), self._progress(phase, step) as bar, \
                 self._span(phase, step):
-            start, usage = time.time(), process_usage()
+            start, usage, retried = time.time(), process_usage(), self.checkpointer.backend.retry_counts()
             self.stall_watch.begin(phase, step)
             try:
                 files = action(step, epoch, self._ticking(bar))
@@ -432,13 +432,17 @@ class CheckpointSession:
                 self.stall_watch.end()
             end = time.time()
             usage = usage_since(usage)
-        record = metrics.local_record(step, files, start, end, usage)
+        record = metrics.local_record(step, files, start, end, usage, self._retries_since(retried))
         if phase == "load" and self.sharing is not None:
             record.update(self.checkpointer.last_broadcast)
         self.local[phase].append(record)
         self.files[phase].extend(files)
         self._keep_window(phase, record)
         return files
+
+    def _retries_since(self, before: Optional[dict]) -> Optional[dict]:
+        """The throttles and retries this rank's client counted since `before` (None: it cannot count)."""
+        return retries.since(before, self.checkpointer.backend.retry_counts())
 
     def _keep_window(self, phase: str, record: dict) -> None:
         """With rank_sync (the ranks meet after each checkpoint anyway), rank 0
@@ -452,6 +456,8 @@ class CheckpointSession:
                 window = metrics.global_window(parts)
                 records.append_window(self, phase, window)
                 print(f"[INFO] {metrics.window_line(phase, window)}", flush=True)
+                for line in metrics.throttle_warnings(phase, [window]):
+                    self._say_now(line)
 
     def _barrier(self) -> None:
         """DCP's commit barrier: waiting for the other ranks is no stalled request."""
@@ -612,7 +618,10 @@ class CheckpointSession:
             lines += metrics.results_block(phase, reports[phase], method, concurrency.get(phase))
             if reports[phase]:
                 lines += metrics.client_cpu_lines(phase, reports[phase]["client_cpu"])
-                lines += metrics.slow_request_lines(reports[phase]["slow_requests"])
+                reports[phase]["retries"] = metrics.phase_retries(self.windows[phase])
+                lines += metrics.retry_lines(reports[phase]["retries"])
+                lines += metrics.slow_request_lines(reports[phase]["slow_requests"],
+                                                    reports[phase]["retries"] is not None)
                 lines += metrics.skew_lines(phase, self.windows[phase], self.stalls)
         if self.windows["load"]:
             ck = self.checkpointer

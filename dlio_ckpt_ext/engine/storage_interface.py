@@ -137,6 +137,15 @@ class Backend(ABC):
         """Discard those uploads; the count discarded."""
         return 0
 
+    def start_retry_counting(self) -> None:
+        """Count this process's retries from now on, where the client needs telling (s3dlio)."""
+
+    def retry_counts(self) -> Optional[dict]:
+        """This process's throttled, retried and given-up requests so far
+        ({throttled, retried, gave_up}, storage/retries.py), or None where the
+        client cannot tell (a file system has no throttles to count)."""
+        return None
+
     def chunk_warning(self, chunk_size: int) -> Optional[str]:
         """What a reader must know of chunks this size on this storage, if anything."""
         return None

@@ -18,6 +18,7 @@ from typing import Iterator, Optional
 from dlio_ckpt_ext.errors import StorageError
 from dlio_ckpt_ext.storage.cloud import CloudBackend, CloudOptions
 from dlio_ckpt_ext.storage.lent_blocks import LentBlockWriter
+from dlio_ckpt_ext.storage.retries import COUNTS, THROTTLE_STATUS, backoff_s
 
 #: Azure's limits: blocks per blob, blobs per batch request
 MAX_BLOCKS, BATCH = 50_000, 256
@@ -30,12 +31,33 @@ def block_id(index: int) -> str:
     return f"{index:010d}"
 
 
+def counting_retry(opts: CloudOptions):
+    """The SDK's own exponential retry policy, telling each retry, throttle and
+    give-up as it decides it (storage/retries.py); retry_backoff_s, when set,
+    replaces its 15 s first wait (then 15 + 3^n s) by retry_backoff_s x 2^n."""
+    from azure.storage.blob import ExponentialRetry
+
+    class CountingRetry(ExponentialRetry):
+        def increment(self, settings, request, response=None, error=None) -> bool:
+            again = super().increment(settings, request, response=response, error=error)
+            throttled = response is not None and (response.status_code in THROTTLE_STATUS
+                                                  or response.headers.get("x-ms-error-code") == "ServerBusy")
+            COUNTS.add(throttled=throttled, retried=again, gave_up=not again)
+            return again
+
+        def get_backoff_time(self, settings) -> float:
+            if not opts.retry_backoff_s:
+                return super().get_backoff_time(settings)
+            return backoff_s(settings["count"] - 1, opts.retry_backoff_s)
+    return CountingRetry(retry_total=opts.max_attempts - 1)
+
+
 def service_client(opts: CloudOptions):
     """The SDK's client from the environment, or one line naming the variables."""
     from azure.storage.blob import BlobServiceClient
     env = {k: os.environ.get(k) for k in _VARS}
     kwargs = {"connection_timeout": opts.connect_timeout_s, "read_timeout": opts.operation_timeout_s,
-              "retry_total": opts.max_attempts - 1}
+              "retry_policy": counting_retry(opts)}
     try:
         if env["AZURE_STORAGE_CONNECTION_STRING"]:
             return BlobServiceClient.from_connection_string(env["AZURE_STORAGE_CONNECTION_STRING"], **kwargs)

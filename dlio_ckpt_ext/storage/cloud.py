@@ -21,6 +21,7 @@ from dlio_ckpt_ext.errors import ConfigError, StorageError
 from dlio_ckpt_ext.result_files import OWNER_FILE
 from dlio_ckpt_ext.storage.allocator import reuse_freed_memory
 from dlio_ckpt_ext.storage.lent_blocks import SpareBuffers
+from dlio_ckpt_ext.storage.retries import COUNTS
 
 SCHEMES = ("az", "gs")
 
@@ -31,6 +32,7 @@ class CloudOptions:
     operation_timeout_s: int = 60  # one request's read timeout, seconds
     connect_timeout_s: int = 20    # opening a connection
     max_attempts: int = 3          # attempts per request, the first included
+    retry_backoff_s: float = 0.0   # the first retry's wait, doubling after; 0 = the SDK's (Azure 15 s, GCS 1 s)
     # MLCommons' fork asks storage_type s3 for a storage_library and defaults it to
     # s3dlio's: accepted as that, though az:// and gs:// bytes go through the clouds' SDKs
     storage_library: Optional[str] = None
@@ -44,6 +46,8 @@ class CloudOptions:
             value = getattr(self, name)
             if isinstance(value, bool) or value < 1:
                 raise ConfigError(key + name, value, "a positive integer")
+        if isinstance(self.retry_backoff_s, bool) or self.retry_backoff_s < 0:
+            raise ConfigError(key + "retry_backoff_s", self.retry_backoff_s, "0 (the SDK's default) or more seconds")
 
 
 #: GCS takes a resumable upload's chunks one at a time, in order
@@ -210,10 +214,14 @@ class CloudBackend(Backend):
         return {"requests_in_flight": blocks_in_flight(self.scheme, self.opts), "request_bytes": chunk_size,
                 "note": "per object, one block per chunk"}
 
+    def retry_counts(self) -> Optional[dict]:
+        return COUNTS.snapshot()
+
     def describe(self) -> dict:
         return {"storage_type": "s3", "root": self.root, "scheme": self.scheme, "endpoint_url": self.endpoint,
                 "blocks_in_flight": blocks_in_flight(self.scheme, self.opts), "operation_timeout_s": self.opts.operation_timeout_s,
                 "connect_timeout_s": self.opts.connect_timeout_s, "max_attempts": self.opts.max_attempts,
+                "retry_backoff_s": self.opts.retry_backoff_s,
                 "freed_memory_reused": self.freed_memory_reused, **super().describe()}
 
     @abstractmethod

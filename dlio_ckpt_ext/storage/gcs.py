@@ -15,12 +15,16 @@ with STORAGE_EMULATOR_HOST an emulator, anonymously.
 from __future__ import annotations
 
 import os
-from typing import Iterator, Optional
+from typing import Callable, Iterator, Optional
 from urllib.parse import quote
 
 from dlio_ckpt_ext.errors import StorageError
 from dlio_ckpt_ext.storage.cloud import GCS_IN_FLIGHT, CloudBackend, CloudOptions
 from dlio_ckpt_ext.storage.lent_blocks import LentBlockWriter
+from dlio_ckpt_ext.storage.retries import COUNTS, THROTTLE_STATUS, send_with_retries
+
+#: google-cloud-storage's DEFAULT_RETRY starts at 1 s, doubling
+GCS_FIRST_BACKOFF_S = 1.0
 
 #: every chunk of a resumable upload but the last is a multiple of this
 CHUNK_ALIGN = 256 << 10
@@ -41,6 +45,21 @@ def storage_client():
                            f"{str(exc).splitlines()[0]}") from None
 
 
+def sdk_retry(opts: CloudOptions):
+    """The SDK's own retry (its predicate: 408, 429, 5xx and transport errors)
+    for the control calls (listings, deletes, markers), telling each retry."""
+    from google.api_core.exceptions import GoogleAPICallError
+    from google.api_core.retry import Retry
+    from google.cloud.storage.retry import DEFAULT_RETRY
+
+    def note(exc: Exception) -> None:
+        code = exc.code if isinstance(exc, GoogleAPICallError) else None
+        COUNTS.add(throttled=code in THROTTLE_STATUS, retried=True)
+    # Retry's other defaults are DEFAULT_RETRY's (60 s longest wait, doubling, 120 s in all)
+    return Retry(predicate=DEFAULT_RETRY._predicate, initial=opts.retry_backoff_s or GCS_FIRST_BACKOFF_S,
+                 on_error=note)
+
+
 class ResumableWriter(LentBlockWriter):
     def __init__(self, backend: "GcsBackend", path: str, size: int) -> None:
         super().__init__(backend.uri(path), size, GCS_IN_FLIGHT, ordered=True, spare=backend.spare)
@@ -56,11 +75,13 @@ class ResumableWriter(LentBlockWriter):
                                f"of {CHUNK_ALIGN >> 10} KiB; set workload.streaming.chunk_size to a multiple of 1MiB")
         return super().reserve(n)
 
-    def _put(self, first: int, data: memoryview) -> dict:
+    def _put_range(self, first: int, data: memoryview):
         last = first + len(data) - 1
         span = f"bytes {first}-{last}/{self.size}" if len(data) else f"bytes */{self.size}"
-        answer = self.backend.http.put(self.session, data=data, headers={"Content-Range": span},
-                                       timeout=self.backend.timeout)
+        return self.backend.http.put(self.session, data=data, headers={"Content-Range": span},
+                                     timeout=self.backend.timeout)
+
+    def _answer(self, answer) -> dict:
         if answer.status_code == 308:
             return {}
         if answer.status_code in (200, 201):
@@ -68,21 +89,14 @@ class ResumableWriter(LentBlockWriter):
         raise StorageError(f"cannot upload {self.uri}: HTTP {answer.status_code} {answer.text[:200]}")
 
     def send_block(self, index: int, offset: int, data: memoryview) -> None:
-        import requests
-        for attempt in range(self.backend.opts.max_attempts):
-            try:
-                self.answer = self._put(offset, data)
-                return
-            except requests.RequestException as exc:
-                if attempt + 1 == self.backend.opts.max_attempts:
-                    with self.backend.errors(self.path, "cannot upload"):
-                        raise exc
-                # sent again whole: GCS ignores the bytes of a range it already kept
+        # a chunk is sent again whole: GCS ignores the bytes of a range it already kept
+        with self.backend.errors(self.path, "cannot upload"):
+            self.answer = self._answer(self.backend.send(lambda: self._put_range(offset, data)))
 
     def finish(self, blocks: int) -> None:
         if self.size == 0:
             with self.backend.errors(self.path, "cannot complete upload of"):
-                self.answer = self._put(0, memoryview(b""))
+                self.answer = self._answer(self.backend.send(lambda: self._put_range(0, memoryview(b""))))
         if int(self.answer.get("size", -1)) != self.size:
             raise StorageError(f"upload of {self.uri} stored {self.answer.get('size')} bytes, expected {self.size}")
 
@@ -102,11 +116,21 @@ class GcsBackend(CloudBackend):
         # the JSON API's media links; the client's own authorised session sends the GETs
         self.media = f"{self.client._connection.API_BASE_URL}/download/storage/v1/b/{quote(self.container, safe='')}/o"
         self.timeout = (opts.connect_timeout_s, opts.operation_timeout_s)
+        self.retry = sdk_retry(opts)
         # a session URI authorises its own chunks: a plain pooled session sends them
         self.http = requests.Session()
         adapter = requests.adapters.HTTPAdapter(pool_maxsize=64)
         self.http.mount("http://", adapter)
         self.http.mount("https://", adapter)
+
+    def send(self, request: Callable[[], "requests.Response"]) -> "requests.Response":
+        """One of our own data requests (ranged GETs, resumable chunks: the SDK's
+        retries do not cover them), retried on GCS's retryable answers and
+        transport errors with exponential backoff, as GCS's guidance asks."""
+        import requests
+        return send_with_retries(request, lambda a: a.status_code, self.opts.max_attempts,
+                                 self.opts.retry_backoff_s or GCS_FIRST_BACKOFF_S,
+                                 (requests.ConnectionError, requests.Timeout))
 
     def classify(self, exc: BaseException) -> tuple[str, str]:
         import requests
@@ -121,14 +145,15 @@ class GcsBackend(CloudBackend):
         return "", detail
 
     def _check_container(self) -> None:
-        self.bucket.reload(timeout=self.timeout)
+        self.bucket.reload(timeout=self.timeout, retry=self.retry)
 
     def _sizes(self, prefix: str) -> Iterator[tuple[str, int]]:
-        for blob in self.client.list_blobs(self.bucket, prefix=prefix, timeout=self.timeout):
+        for blob in self.client.list_blobs(self.bucket, prefix=prefix, timeout=self.timeout, retry=self.retry):
             yield blob.name, blob.size
 
     def _names(self, prefix: str) -> Iterator[str]:
-        listing = self.client.list_blobs(self.bucket, prefix=prefix, delimiter="/", timeout=self.timeout)
+        listing = self.client.list_blobs(self.bucket, prefix=prefix, delimiter="/", timeout=self.timeout,
+                                         retry=self.retry)
         for page in listing.pages:
             yield from (b.name for b in page)
             yield from page.prefixes
@@ -136,21 +161,21 @@ class GcsBackend(CloudBackend):
     def _delete(self, keys: list[str]) -> int:
         from google.api_core.exceptions import NotFound
         try:
-            self.bucket.delete_blob(keys[0], timeout=self.timeout)
+            self.bucket.delete_blob(keys[0], timeout=self.timeout, retry=self.retry)
         except NotFound:
             return 0
         return 1
 
     def _put(self, key: str, data: bytes) -> None:
-        self.bucket.blob(key).upload_from_string(data, timeout=self.timeout)
+        self.bucket.blob(key).upload_from_string(data, timeout=self.timeout, retry=self.retry)
 
     def _get(self, key: str, offset: int = 0, length: Optional[int] = None) -> Optional[bytes]:
         """One ranged GET of the media link, its body read in one call: the SDK's
         own download (and requests' .content) read 8-10 KiB at a time in Python,
         which with several ranges in flight doubles the CPU per GiB (GIL)."""
         headers = {"Range": f"bytes={offset}-{offset + length - 1}"} if length is not None else {}
-        answer = self.client._http.get(f"{self.media}/{quote(key, safe='')}?alt=media", headers=headers,
-                                       timeout=self.timeout, stream=True)
+        answer = self.send(lambda: self.client._http.get(f"{self.media}/{quote(key, safe='')}?alt=media",
+                                                         headers=headers, timeout=self.timeout, stream=True))
         if answer.status_code == 404:
             return None
         if answer.status_code == 416:  # the object ends before offset: said by the caller
@@ -162,7 +187,7 @@ class GcsBackend(CloudBackend):
             return answer.raw.read(decode_content=False)
 
     def _size(self, key: str) -> int:
-        blob = self.bucket.get_blob(key, timeout=self.timeout)
+        blob = self.bucket.get_blob(key, timeout=self.timeout, retry=self.retry)
         if blob is None:
             raise StorageError(f"missing checkpoint file gs://{self.container}/{key}")
         return blob.size

