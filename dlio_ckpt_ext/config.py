@@ -203,7 +203,8 @@ class RunConfig:
         c = self.checkpoint
         pattern = self.model_load.pattern if self.is_model_load else c.restore
         return load_plan.LoadJob(pattern, comm_size, c.saved_ranks or comm_size,
-                                 ranks_per_node if c.recovery_rank_shift else 0)
+                                 ranks_per_node if c.recovery_rank_shift else 0, self.read_size,
+                                 self.storage.storage_type == "s3")
 
     @property
     def concurrent_files(self) -> int:

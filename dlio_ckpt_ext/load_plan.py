@@ -39,6 +39,9 @@ class ReadRange:
     length: int
     writer: int      # the saved rank that wrote the file: whose content it holds
     file_size: int
+    #: offsets inside the range where a request must end besides the read_size grid
+    #: (a loader's own boundaries: runai-model-streamer's buffers and workers)
+    cuts: tuple[int, ...] = ()
 
     @property
     def key(self) -> tuple[str, int, int]:
@@ -53,6 +56,10 @@ class LoadJob:
     saved_ranks: int = 1
     #: own pattern: rank r reads the files of rank (r + shift) % ranks (recovery_rank_shift)
     shift: int = 0
+    #: runai: the read size its requests are cut at, and whether the storage is an object
+    #: store (its workers split each buffer there; a file system's one queue reads it whole)
+    read_size: int = 8 << 20
+    object_store: bool = False
 
     @property
     def resharded(self) -> bool:
@@ -292,12 +299,88 @@ def _shard_reads(m, p, job, rank, shards, writer) -> list[ReadRange]:
     if job.pattern == "runai":
         # SafetensorsStreamer streams all its files three times: every file's 8-byte header
         # length, then every header, then the tensors (safetensors_pytorch.py, runai-model-streamer 0.17)
-        per_file = [[ReadRange(shards[j].name, o, n, writer(j), shards[j].size)
-                     for o, n in ((0, 8), (8, shards[j].data_start - 8),
-                                  (shards[j].data_start, shards[j].size - shards[j].data_start))]
-                    for j in wanted]
-        return [reads[k] for k in range(3) for reads in per_file]
+        lengths = [ReadRange(shards[j].name, 0, 8, writer(j), shards[j].size) for j in wanted]
+        headers = [ReadRange(shards[j].name, 8, shards[j].data_start - 8, writer(j), shards[j].size) for j in wanted]
+        return lengths + headers + _runai_data(shards, wanted, writer, job)
     return [ReadRange(shards[j].name, 0, shards[j].size, writer(j), shards[j].size) for j in wanted]
+
+
+#: runai-model-streamer 0.17's defaults: its ring of buffers, their memory limit (bytes)
+#: and an object store's workers per buffer (requests_iterator.py; C++ config.h)
+RUNAI_RING_BUFFERS, RUNAI_MEMORY_LIMIT, RUNAI_OBJECT_WORKERS = 18, 40_000_000_000, 8
+
+
+def _buffers_needed(sizes: list[int], buffer: int, most: int) -> int:
+    """Buffers of `buffer` bytes the tensors fill, whole and in order (more than `most`: most + 1)."""
+    used, count = buffer, 0
+    for n in sizes:
+        if n > buffer:
+            return most + 1
+        if used + n > buffer:
+            count, used = count + 1, 0
+            if count > most:
+                return count
+        used += n
+    return count
+
+
+def runai_buffer_bytes(sizes: list[int]) -> int:
+    """The ring's buffer size (requests_iterator.py's sizing): at least the largest tensor
+    and the stream's bytes over the ring's 18; below the memory limit, the smallest size
+    from there that streams everything in at most 18 buffers, if the limit allows one."""
+    total = sum(sizes)
+    low = max(max(sizes, default=0), min(RUNAI_MEMORY_LIMIT, total) // RUNAI_RING_BUFFERS)
+    high = RUNAI_MEMORY_LIMIT // RUNAI_RING_BUFFERS
+    if total >= RUNAI_MEMORY_LIMIT or high < low or \
+            _buffers_needed(sizes, high, RUNAI_RING_BUFFERS) > RUNAI_RING_BUFFERS:
+        return low
+    while low < high:
+        middle = (low + high) // 2
+        if _buffers_needed(sizes, middle, RUNAI_RING_BUFFERS) > RUNAI_RING_BUFFERS:
+            low = middle + 1
+        else:
+            high = middle
+    return low
+
+
+def _runai_data(shards, wanted: list[int], writer, job: LoadJob) -> list[ReadRange]:
+    """The tensors pass: every tensor of the files, in file order, packed whole into the
+    ring's buffers (a file may span two); each buffer's bytes of a file are one range,
+    and the buffer's bytes are split among its workers in whole read sizes, the first
+    taking the rest (C++ Assigner::assign_group): a worker's edge inside a range is a
+    cut there, as the streamer ends a request at it."""
+    tensors = [(j, t.begin + shards[j].data_start, t.end - t.begin) for j in wanted for t in shards[j].tensors]
+    buffer = runai_buffer_bytes([n for _, _, n in tensors])
+    submissions: list[list[tuple[int, int, int]]] = [[]]
+    used = 0
+    for j, at, n in tensors:
+        if used + n > buffer and submissions[-1]:
+            submissions.append([])
+            used = 0
+        submissions[-1].append((j, at, n))
+        used += n
+    out = []
+    for sub in submissions:
+        spans: list[list[int]] = []  # [file, start, end]: a buffer's bytes of one file, contiguous
+        for j, at, n in sub:
+            if spans and spans[-1][0] == j and spans[-1][2] == at:
+                spans[-1][2] += n
+            else:
+                spans.append([j, at, at + n])
+        total = sum(e - b for _, b, e in spans)
+        blocks = total // job.read_size
+        workers = max(1, min(blocks, RUNAI_OBJECT_WORKERS if job.object_store else 1))
+        base = blocks // workers * job.read_size
+        edges, at = [], base + (total - workers * base)  # worker k's end, in the buffer's bytes
+        for _ in range(workers - 1):
+            edges.append(at)
+            at += base
+        seen = 0
+        for j, b, e in spans:
+            cuts = tuple(b + x - seen for x in edges if seen < x < seen + e - b)
+            out.append(ReadRange(shards[j].name, b, e - b, writer(j), shards[j].size, cuts))
+            seen += e - b
+    return out
 
 
 def shard_owner(p: plan.Parallelism, job: LoadJob, rank: int, r: ReadRange, reads: tuple[ReadRange, ...]) -> int:
@@ -359,8 +442,9 @@ def saved_files(m: plan.ModelShape, p: plan.Parallelism, saved_ranks: int) -> di
 
 def requests(r: ReadRange, read_size: int) -> int:
     """Requests reading r as the engine does: pieces ending at multiples of
-    read_size in the file (a range starting between two has a short first one)."""
-    return _pieces(r.offset, r.length, read_size)
+    read_size in the file (a range starting between two has a short first one),
+    and at its cuts."""
+    return _pieces(r.offset, r.length, read_size) + sum(1 for c in r.cuts if c % read_size)
 
 
 def _pieces(offset: int, length: int, read_size: int) -> int:

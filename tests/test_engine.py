@@ -369,3 +369,17 @@ def test_chunk_spans_come_from_the_thread_that_did_each_stage(tmp_path, pool):
     assert reads == [(o, n) for _, o, n in layout] and sum(n for _, n in reads) == size
     assert len({s[5] for s in seen if s[0] == "read"}) == 3 and me not in {s[5] for s in seen if s[0] == "read"}
     assert {s[5] for s in seen if s[0] == "verify"} == {me}
+
+
+def test_a_ranged_read_ends_requests_at_its_cuts_as_well_as_the_grid(tmp_path, pool):
+    """A loader's own request edges (runai's workers) inside a range: each cut ends a
+    request there; the bytes are still verified."""
+    b, spec, size = backend(tmp_path), ContentSpec(seed=derive_seed("cuts")), 5 * MiB + 7
+    send_file(b, "ckpt/c.pt", size, spec, pool)
+    seen = []
+    start, end = MiB // 2, 4 * MiB + 3
+    load_file(b, "ckpt/c.pt", size, pool, content=spec, parallelism=2, offset=start, length=end - start,
+              cuts=(MiB + 4096, 2 * MiB, 3 * MiB + 12345, 9 * MiB), spans=lambda *s: seen.append(s))
+    reads = sorted((s[3], s[3] + s[4]) for s in seen if s[0] == "read")
+    assert reads == [(start, MiB), (MiB, MiB + 4096), (MiB + 4096, 2 * MiB), (2 * MiB, 3 * MiB),
+                     (3 * MiB, 3 * MiB + 12345), (3 * MiB + 12345, 4 * MiB), (4 * MiB, end)]

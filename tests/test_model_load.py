@@ -162,3 +162,51 @@ def test_model_load_settings_no_load_can_have_are_refused_under_their_key(tmp_pa
     with pytest.raises(ConfigError) as exc:
         checkpointers(tmp_path, 2, checkpoint=checkpoint, **model_load)
     assert exc.value.key == key and words in str(exc.value), str(exc.value)
+
+
+def test_runai_buffers_are_the_smallest_that_stream_the_tensors_in_18():
+    assert load_plan.runai_buffer_bytes([10] * 36) == 20  # exactly 2 tensors a buffer
+    assert load_plan.runai_buffer_bytes([10] * 37) == 30  # 20 would take 19 buffers
+    assert load_plan.runai_buffer_bytes([30, 10, 10]) == 30  # never below the largest tensor
+
+
+@pytest.mark.parametrize("object_store", [True, False])
+def test_runai_reads_each_tensor_once_cut_where_its_buffers_and_workers_end(object_store):
+    """runai-model-streamer's tensors pass: whole tensors packed in order into its 18
+    buffers; on an object store each buffer split among 8 workers in whole read sizes
+    (the first takes the rest), a worker's edge inside a file ending a request."""
+    read = 64 << 10
+    cfg = checkpointers("x", 1, pattern="runai")[0].cfg
+    shards = plan.published_shards(cfg.shape, cfg.parallelism)
+    job = load_plan.LoadJob("runai", 1, 1, read_size=read, object_store=object_store)
+    reads = load_plan.rank_reads(cfg.shape, cfg.parallelism, job, 0)
+    n = len(shards)
+    assert [(r.offset, r.length) for r in reads[1:1 + 2 * n]] == \
+        [(0, 8)] * n + [(8, s.data_start - 8) for s in shards]  # every length, then every header
+    data = reads[1 + 2 * n:]
+    for s in shards:  # the tensors of each file exactly once, in order
+        mine = [(r.offset, r.length) for r in data if r.name == s.name]
+        assert mine[0][0] == s.data_start and sum(length for _, length in mine) == s.size - s.data_start
+        assert all(a + la == b for (a, la), (b, _) in zip(mine, mine[1:]))
+    tensors = [t.end - t.begin for s in shards for t in s.tensors]
+    buffer = load_plan.runai_buffer_bytes(tensors)
+    assert max(tensors) <= buffer and sum(tensors) <= 18 * buffer
+    cuts = [c for r in data for c in r.cuts]
+    if not object_store:  # a file system's one queue reads a buffer whole
+        assert cuts == []
+        return
+    assert all(r.offset < c < r.offset + r.length for r in data for c in r.cuts)
+    # the first buffer, packed as the ring packs it, split among its workers: the
+    # first worker's edge is where a request of the first shard ends
+    used = 0
+    for size in tensors:
+        if used + size > buffer:
+            break
+        used += size
+    workers = max(1, min(used // read, 8))
+    base = used // read // workers * read
+    edge = shards[0].data_start + base + (used - workers * base)
+    first = [r for r in data if r.name == shards[0].name]
+    assert workers > 1 and any(edge in r.cuts for r in first) or edge % read == 0
+    assert sum(load_plan.requests(r, read) for r in data) == sum(
+        -(-(r.offset + r.length) // read) - r.offset // read for r in data) + sum(1 for c in cuts if c % read)

@@ -365,7 +365,7 @@ class Checkpointer:
         return self._traced(step, "load", [load_file(
             self.backend, self._named(f"{directory}/{r.name}"), r.file_size, self.read_buffers(), content,
             self.cfg.read_parallelism, self.gen_threads, progress, self.cfg.read_size, self._spans(step),
-            r.offset, r.length)])[0]
+            r.offset, r.length, cuts=r.cuts)])[0]
 
     def inventory(self, steps: list[int], epoch: int = 1) -> dict:
         """Compare one listing of the checkpoint folder with the plan.

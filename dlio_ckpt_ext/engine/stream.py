@@ -1,6 +1,8 @@
 """Save and load one file as a stream through the buffer pool."""
 from __future__ import annotations
 
+import bisect
+
 import ctypes
 import ctypes.util
 import threading
@@ -76,18 +78,22 @@ def _record(stats: FileStats, chunks: list[Chunk], fill_stage: Optional[str],
 
 
 def _sequential(start: int, end: int, chunk: int,
-                action: Callable[[memoryview, int, int], Optional[memoryview]]):
+                action: Callable[[memoryview, int, int], Optional[memoryview]], cuts: tuple[int, ...] = ()):
     """A pipeline producer handing out [start, end) in pieces that end at
     multiples of chunk (only a range's first piece is shorter, where it starts
-    between them); action(buf, offset, n) puts the n bytes at offset into
-    buf[:n], or returns them in memory of its own (a lending reader)."""
+    between them) and at the cuts; action(buf, offset, n) puts the n bytes at
+    offset into buf[:n], or returns them in memory of its own (a lending reader)."""
     offset = start
+    cuts = tuple(sorted(c for c in cuts if start < c < end))
 
     def produce(buf: memoryview) -> Optional[Chunk]:
         nonlocal offset
         if offset >= end:
             return None
         n = min(chunk - offset % chunk, end - offset)
+        k = bisect.bisect_right(cuts, offset)
+        if k < len(cuts):
+            n = min(n, cuts[k] - offset)
         piece = Chunk(offset, n, data=action(buf, offset, n))
         offset += n
         return piece
@@ -289,14 +295,16 @@ def load_file(backend: Backend, path: str, size: int, pool: BufferPool,
               content: Optional[ContentSpec] = None, parallelism: int = 1,
               gen_threads: int = 1, progress: Progress = None, request_size: int = 0,
               spans: Optional[SpanSink] = None, offset: int = 0, length: Optional[int] = None,
-              deliver: Optional[Callable[[int, memoryview], None]] = None) -> FileStats:
+              deliver: Optional[Callable[[int, memoryview], None]] = None,
+              cuts: tuple[int, ...] = ()) -> FileStats:
     """Read `path` (of `size` bytes) back, or only its bytes [offset, offset +
     length), in requests of request_size (default: the pool's buffer size),
     `parallelism` of them in flight over contiguous ranges; with `content`,
     compare every byte with the data regenerated at its offset. A reader that
     lends its memory reads without a copy, the pool only counting requests.
     deliver(offset, bytes), when given, gets every chunk read, in the order
-    consumed (a broadcast keeps them), before its buffer is reused.
+    consumed (a broadcast keeps them), before its buffer is reused. cuts:
+    offsets where a request ends besides the request_size grid (a loader's own).
 
     A missing file, a size other than `size`, or any differing byte raises an
     error naming the file (and the offset of the first difference).
@@ -353,7 +361,7 @@ def load_file(backend: Backend, path: str, size: int, pool: BufferPool,
                 deliver(c.offset, (c.data if c.data is not None else c.buffer)[:c.nbytes])
             if progress:
                 progress(c.nbytes)
-        chunks = pipeline.run(pool, [_sequential(s, e, request, read) for s, e in ranges], consume)
+        chunks = pipeline.run(pool, [_sequential(s, e, request, read, cuts) for s, e in ranges], consume)
         if reader.lends_memory and reader.size != size:  # asked for while the reads ran
             raise VerificationError(f"{backend.uri(path)} has {reader.size} bytes, expected {size}")
     finally:
