@@ -57,7 +57,7 @@ class LoadJob:
     #: own pattern: rank r reads the files of rank (r + shift) % ranks (recovery_rank_shift)
     shift: int = 0
     #: runai: the read size its requests are cut at, and whether the storage is an object
-    #: store (its workers split each buffer there; a file system's one queue reads it whole)
+    #: store (8 workers split each of its buffers there, 16 on a file system)
     read_size: int = 8 << 20
     object_store: bool = False
 
@@ -306,8 +306,10 @@ def _shard_reads(m, p, job, rank, shards, writer) -> list[ReadRange]:
 
 
 #: runai-model-streamer 0.17's defaults: its ring of buffers, their memory limit (bytes)
-#: and an object store's workers per buffer (requests_iterator.py; C++ config.h)
-RUNAI_RING_BUFFERS, RUNAI_MEMORY_LIMIT, RUNAI_OBJECT_WORKERS = 18, 40_000_000_000, 8
+#: and its workers per buffer: an object store's, and its file-system sync_buffered
+#: reader's (the one our file-system defaults emulate; requests_iterator.py, C++ config.h)
+RUNAI_RING_BUFFERS, RUNAI_MEMORY_LIMIT = 18, 40_000_000_000
+RUNAI_OBJECT_WORKERS, RUNAI_FILE_WORKERS = 8, 16
 
 
 def _buffers_needed(sizes: list[int], buffer: int, most: int) -> int:
@@ -369,7 +371,7 @@ def _runai_data(shards, wanted: list[int], writer, job: LoadJob) -> list[ReadRan
                 spans.append([j, at, at + n])
         total = sum(e - b for _, b, e in spans)
         blocks = total // job.read_size
-        workers = max(1, min(blocks, RUNAI_OBJECT_WORKERS if job.object_store else 1))
+        workers = max(1, min(blocks, RUNAI_OBJECT_WORKERS if job.object_store else RUNAI_FILE_WORKERS))
         base = blocks // workers * job.read_size
         edges, at = [], base + (total - workers * base)  # worker k's end, in the buffer's bytes
         for _ in range(workers - 1):
