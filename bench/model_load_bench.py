@@ -39,6 +39,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+from bench_servers import link_of, seaweedfs  # noqa: E402
 from bench_table import BenchTable  # noqa: E402
 from pairs import OrderedRatios, check_pairs  # noqa: E402
 
@@ -194,12 +195,8 @@ def main() -> None:
         for storage in args.storage.split(","):
             server = None
             if storage == "s3":
-                from dlio_ckpt_ext.tools import local_s3
-                from dlio_ckpt_ext.tools.remote_link import LinkSpec
-                link = LinkSpec(*(float(x) for x in args.link.split(":"))) if args.link else None
-                server = local_s3.start(workdir / "server", link=link)
-                local_s3.create_bucket(server, BUCKET)
-                os.environ.update(server.env())
+                server = seaweedfs(workdir / "server", args.link, BUCKET)
+                link = link_of(args.link)
                 os.environ.update({"RUNAI_STREAMER_S3_USE_VIRTUAL_ADDRESSING": "0",
                                    "AWS_EC2_METADATA_DISABLED": "true", "RUNAI_STREAMER_S3_ENDPOINT":
                                    server.env()["AWS_ENDPOINT_URL"]})

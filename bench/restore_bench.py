@@ -33,6 +33,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+from bench_servers import link_of, seaweedfs  # noqa: E402
 from bench_table import BenchTable  # noqa: E402
 from pairs import OrderedRatios, check_pairs  # noqa: E402
 
@@ -194,13 +195,10 @@ def main() -> None:
         for storage in args.storage.split(","):
             server = None
             if storage == "remote":
-                from dlio_ckpt_ext.tools import local_s3
-                from dlio_ckpt_ext.tools.remote_link import LinkSpec
-                latency, rate = (float(x) for x in args.link.split(":"))
-                server = local_s3.start(workdir / "server", link=LinkSpec(latency, rate))
-                local_s3.create_bucket(server, BUCKET)
-                os.environ.update(server.env())
-                root, storage_type, where = f"s3://{BUCKET}", "s3", f"remote ({latency:g} ms, {rate:g} MB/s)"
+                server = seaweedfs(workdir / "server", args.link, BUCKET)
+                link = link_of(args.link)
+                root, storage_type, where = f"s3://{BUCKET}", "s3", f"remote ({link.latency_ms:g} ms, " \
+                    f"{link.rate_mb_s:g} MB/s)"
             else:
                 root, storage_type, where = str(workdir / "local"), "local_fs", "local disk, O_DIRECT"
             try:

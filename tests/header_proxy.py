@@ -6,7 +6,7 @@ import re
 import socket
 import threading
 
-from s3_server import free_port
+from loopback_proxy import LoopbackProxy, pump
 
 REQUEST = re.compile(rb"(GET|PUT|POST|HEAD|DELETE) (\S+) HTTP/1\.1\r\n((?:[^\r\n]+\r\n){0,60}?)\r\n")
 SHA = re.compile(rb"^x-amz-content-sha256: *(\S+)\r$", re.I | re.M)
@@ -14,44 +14,21 @@ SHA = re.compile(rb"^x-amz-content-sha256: *(\S+)\r$", re.I | re.M)
 TAIL = 8192
 
 
-class HeaderProxy:
+class HeaderProxy(LoopbackProxy):
     def __init__(self, target_port: int) -> None:
-        self.target = ("127.0.0.1", target_port)
-        self.port = free_port()
         self.requests: list[tuple[str, str, str]] = []  # method, path, x-amz-content-sha256
         self._lock = threading.Lock()
-        self._listener = socket.create_server(("127.0.0.1", self.port))
-        threading.Thread(target=self._accept, daemon=True).start()
+        super().__init__(target_port)
 
-    @property
-    def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self._listener.accept()
-            except OSError:
-                return
-            server = socket.create_connection(self.target)
-            threading.Thread(target=self._pump, args=(client, server, True), daemon=True).start()
-            threading.Thread(target=self._pump, args=(server, client, False), daemon=True).start()
-
-    def _pump(self, src: socket.socket, dst: socket.socket, requests: bool) -> None:
+    def serve(self, client: socket.socket) -> None:
+        server = socket.create_connection(self.target)
         tail = b""
-        try:
-            while data := src.recv(1 << 20):
-                dst.sendall(data)
-                if requests:
-                    tail = self._scan(tail + data)
-        except OSError:
-            pass
-        finally:
-            for s in (src, dst):
-                try:
-                    s.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
+
+        def scan(data: bytes) -> None:
+            nonlocal tail
+            tail = self._scan(tail + data)
+        threading.Thread(target=pump, args=(client, server, scan), daemon=True).start()
+        threading.Thread(target=pump, args=(server, client), daemon=True).start()
 
     def _scan(self, data: bytes) -> bytes:
         end = 0
@@ -61,6 +38,3 @@ class HeaderProxy:
                 self.requests.append((m[1].decode(), m[2].decode(), sha[1].decode() if sha else ""))
             end = m.end()
         return data[max(end, len(data) - TAIL):]
-
-    def stop(self) -> None:
-        self._listener.close()

@@ -15,7 +15,7 @@ import socket
 import threading
 from dataclasses import dataclass
 
-from s3_server import free_port
+from loopback_proxy import LoopbackProxy, close_both, pump
 
 #: the answer each store gives a request it will not take now
 ANSWERS = {
@@ -45,31 +45,14 @@ def is_data_request(method: bytes, target: bytes, headers: dict[bytes, bytes]) -
     return method == b"PUT" and _PART.search(target) is not None
 
 
-class ThrottleFront:
-    """Listens on a free loopback port, forwards to 127.0.0.1:target_port."""
+class ThrottleFront(LoopbackProxy):
+    """Listens on a loopback port (`port`, or a free one), forwards to 127.0.0.1:target_port."""
 
     def __init__(self, target_port: int, every: int, store: str = "s3", port: int = 0) -> None:
-        self.target, self.every, self.answer = ("127.0.0.1", target_port), every, ANSWERS[store]
+        self.every, self.answer = every, ANSWERS[store]
         self.counts = Counts()
-        self.port = port or free_port()
         self._lock = threading.Lock()
-        self._listener = socket.create_server(("127.0.0.1", self.port))
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    @property
-    def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def stop(self) -> None:
-        self._listener.close()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self._listener.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(client,), daemon=True).start()
+        super().__init__(target_port, port)
 
     def _throttle_next(self, method: bytes, target: bytes, headers: dict[bytes, bytes]) -> bool:
         if not is_data_request(method, target, headers):
@@ -85,9 +68,9 @@ class ThrottleFront:
                     self.counts.throttled_puts += 1
             return hit
 
-    def _serve(self, client: socket.socket) -> None:
+    def serve(self, client: socket.socket) -> None:
         upstream = socket.create_connection(self.target)
-        threading.Thread(target=_pump, args=(upstream, client), daemon=True).start()
+        threading.Thread(target=pump, args=(upstream, client), daemon=True).start()
         incoming = client.makefile("rb")
         try:
             while True:
@@ -108,12 +91,9 @@ class ThrottleFront:
         except OSError:
             pass
         finally:
-            for s in (client, upstream):
-                try:
-                    s.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
-                s.close()
+            close_both(client, upstream)
+            client.close()
+            upstream.close()
 
     def _refuse(self, client: socket.socket, close: bool) -> None:
         status, reason, fields, body = self.answer
@@ -163,17 +143,3 @@ def _copy_body(incoming, headers: dict[bytes, bytes], upstream: socket.socket | 
             if size == 0:
                 return  # (no trailers: the clients here send none)
     copy(int(headers.get(b"content-length", b"0")))
-
-
-def _pump(src: socket.socket, dst: socket.socket) -> None:
-    try:
-        while data := src.recv(1 << 20):
-            dst.sendall(data)
-    except OSError:
-        pass
-    finally:
-        for s in (src, dst):
-            try:
-                s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
