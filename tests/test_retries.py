@@ -122,10 +122,14 @@ def test_the_log_reader_counts_what_reaches_fd_1_and_passes_everything_else_on(t
         os.write(1, {(THROTTLED + chr(10) + ATTEMPT + chr(10)).encode()!r})
         os.write(1, b"a C library's line\\n")
         os.write(1, {(OUT_OF_ATTEMPTS + chr(10)).encode()!r})
+        # a log line longer than a pipe's atomic write, our marker landing inside it
+        os.write(1, b"2026-12-03T19:00:00.123Z DEBUG " + b"y" * 5000)
+        s3dlio_log.counts()
+        os.write(1, b"z" * 100 + bytes([10]))
         print(s3dlio_log.counts(), reader.lines_seen, file=sys.stderr, flush=True)
         """)
     run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
                          env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
     assert run.returncode == 0, run.stderr
     assert run.stdout.splitlines() == ["python's own line", "a C library's line"]
-    assert run.stderr.strip() == "{'throttled': 1, 'retried': 1, 'gave_up': 1} 3"
+    assert run.stderr.strip() == "{'throttled': 1, 'retried': 1, 'gave_up': 1} 4"

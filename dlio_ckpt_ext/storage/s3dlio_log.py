@@ -83,16 +83,25 @@ class LogReader:
             self.sync()
 
     def _read(self) -> None:
-        rest = b""
+        rest, cut = b"", False
         while data := os.read(self._read_end, 1 << 16):
             *lines, rest = (rest + data).split(b"\n")
             passed = []
             for line in lines:
-                if line.startswith(_SYNC):
+                if cut:  # the rest of a log line our marker landed in
+                    cut = False
+                    continue
+                # (anywhere in the line: a log line over PIPE_BUF bytes is not written
+                # atomically, and our marker may land inside it, ending it)
+                at = line.find(_SYNC)
+                if at >= 0:
                     with self._synced:
-                        self._sync_seen = int(line[len(_SYNC):])
+                        self._sync_seen = int(line[at + len(_SYNC):])
                         self._synced.notify_all()
-                elif count_line(line):
+                    line, cut = line[:at], at > 0
+                    if not line:
+                        continue
+                if count_line(line):
                     self.lines_seen += 1
                 else:
                     passed.append(line + b"\n")
