@@ -197,6 +197,19 @@ class RunConfig:
     def steps_read(self) -> list[int]:
         return sorted({self.read_step(k) for k in range(1, self.checkpoint.num_checkpoints_read + 1)})
 
+    def checkpoints_as_loaded(self, listed: list[str]) -> list[str]:
+        """The checkpoint folder's entries as a checkpoint loop that reads one
+        entry a load counts them (upstream DLIO's and the fork's refuse to read
+        more checkpoints than the folder lists): a model load reads its publish
+        again and again, so a publish stands once for every load of it, and one
+        that is missing not at all."""
+        if not self.is_model_load:
+            return listed
+        present = set(listed)
+        loaded = [plan.checkpoint_dir(self.read_step(k), layout=self.checkpoint.layout)
+                  for k in range(1, self.checkpoint.num_checkpoints_read + 1)]
+        return [name for name in loaded if name in present]
+
     def load_job(self, comm_size: int, ranks_per_node: int = 0) -> load_plan.LoadJob:
         """What this run's loads read: its pattern (a model load's loader), world
         size and the saved one; ranks_per_node: the shift of recovery_rank_shift."""

@@ -2,7 +2,7 @@
 environment's DLIO (run as `mpirun -np N python fork_loop.py workload=...`),
 so the calls it makes into our mechanism are tested where the fork is not
 installed. What it replays is DLIOBenchmark of the fork's dlio_benchmark/main.py
-(f16fe43): initialize resolves the mechanism through DLIO's factory and reads its
+(f16fe43; the same at f6796ed): initialize resolves the mechanism through DLIO's factory and reads its
 checkpoint_size into its stats; _checkpoint_write sleeps, barriers, calls
 save_checkpoint(epoch=1, step) and barriers again only with rank_sync;
 _checkpoint counts the checkpoints with storage.walk_node(checkpoint_folder);

@@ -23,18 +23,23 @@ pytestmark = pytest.mark.e2e  # each test starts DLIO (conftest.py)
 GiB = float(1 << 30)
 
 
-def test_the_forks_checkpoint_loop_drives_our_mechanism(workdir):
+def run_fork_loop(workdir: Path, preset: str, *overrides: str) -> tuple[subprocess.CompletedProcess, dict, dict]:
+    """fork_loop.py on 2 ranks: its output, what the loop saw, our record."""
     out = workdir / "out"
     res = subprocess.run([tool("mpirun"), "--allow-run-as-root", "--oversubscribe", "-np", "2", sys.executable,
-                          str(Path(__file__).with_name("fork_loop.py")), "workload=llama3_8b_checkpoint", *SHRINK,
-                          *TWO_ONE, f"++workload.output.folder={out}",
+                          str(Path(__file__).with_name("fork_loop.py")), f"workload={preset}", *SHRINK,
+                          *overrides, f"++workload.output.folder={out}",
                           f"++workload.checkpoint.checkpoint_folder={workdir / 'ckpt'}"],
                          cwd=workdir, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    return (res, json.loads((out / "fork_loop.json").read_text()),
+            json.loads((out / "ckpt_ext_summary.json").read_text()))
+
+
+def test_the_forks_checkpoint_loop_drives_our_mechanism(workdir):
+    res, seen, record = run_fork_loop(workdir, "llama3_8b_checkpoint", *TWO_ONE)
     files = expected_files((1, 2), 2, SMALL_8B)
     assert on_disk(workdir / "ckpt") == files
-    seen = json.loads((out / "fork_loop.json").read_text())
-    record = json.loads((out / "ckpt_ext_summary.json").read_text())
     assert seen["mechanism"] == "StreamingCheckpointing" and record["status"] == "success"
     # the fork's stats divide by checkpoint_size: GiB of one whole checkpoint, all ranks
     assert seen["checkpoint_size"] * GiB == pytest.approx(sum(files.values()) / 2, rel=1e-12)
@@ -46,6 +51,19 @@ def test_the_forks_checkpoint_loop_drives_our_mechanism(workdir):
     assert len(re.findall(r"^\[INFO\] global window: Checkpoint save I/O Throughput", res.stdout, re.M)) == 1
     assert not re.search(r"^\[METRIC\]", res.stdout, re.M)
     assert (record["save"]["checkpoints"], record["load"]["checkpoints"]) == (2, 1)
+
+
+def test_the_forks_checkpoint_loop_loads_one_publish_more_times_than_it_was_published(workdir):
+    """The fork's loop reads no more checkpoints than the folder lists; a model load
+    reads its one publish for every load, so the publish is listed once a load."""
+    _, seen, record = run_fork_loop(workdir, "llama3_8b_model_load", "++workload.model_load.max_shard_size=1MB",
+                                    "++workload.checkpoint.num_checkpoints_write=1",
+                                    "++workload.checkpoint.num_checkpoints_read=3")
+    assert sorted(p.name for p in (workdir / "ckpt").iterdir()) == ["publish-1"]
+    assert seen["walk_node"] == ["publish-1"] * 3
+    assert len(seen["saves"]) == 1 and [s["files"] for s in seen["loads"]] == [seen["loads"][0]["files"]] * 3
+    assert seen["loads"][0]["files"] > 0
+    assert (record["status"], record["save"]["checkpoints"], record["load"]["checkpoints"]) == ("success", 1, 3)
 
 
 def fork_load_config(args, config):

@@ -149,6 +149,55 @@ def test_a_load_reads_the_one_publish_again_and_again(tmp_path):
     assert sum(f.nbytes for f in ck.load(3)) == sum(r.length for r in ck.reads())
 
 
+def test_a_loop_counting_a_folder_entry_a_load_sees_each_publish_once_for_every_load_of_it(tmp_path):
+    """Upstream's and the fork's checkpoint loops refuse to read more checkpoints than
+    the checkpoint folder lists (StreamingStorage.walk_node answers them with this)."""
+    one = checkpointers(tmp_path, 1, checkpoint={"num_checkpoints_read": 3})[0].cfg
+    assert one.checkpoints_as_loaded(["publish-1", "stray"]) == ["publish-1"] * 3
+    assert one.checkpoints_as_loaded(["stray"]) == []
+    two = checkpointers(tmp_path, 1, checkpoint={"num_checkpoints_write": 2, "num_checkpoints_read": 3})[0].cfg
+    assert two.checkpoints_as_loaded(["publish-2", "publish-1"]) == ["publish-1", "publish-2", "publish-1"]
+    assert two.checkpoints_as_loaded(["publish-1"]) == ["publish-1", "publish-1"]
+    restore = load_config(OmegaConf.create({"model": SHAPE, "checkpoint": {"num_checkpoints_read": 1}}), 1)
+    assert restore.checkpoints_as_loaded(["global_epoch1_step1", "x"]) == ["global_epoch1_step1", "x"]
+
+
+@pytest.mark.parametrize("layout, storage_type, read_seen", [
+    ("safetensors", "s3", 1), ("safetensors", "local_fs", 1), ("deepspeed", "local_fs", None)])
+def test_dlio_validates_a_model_load_with_no_more_loads_than_saves_and_gets_its_settings_back(
+        monkeypatch, layout, storage_type, read_seen):
+    from types import SimpleNamespace
+
+    from dlio_benchmark.common.enumerations import StorageType
+
+    from dlio_ckpt_ext.config import MECHANISM_CLASS
+    from dlio_ckpt_ext.dlio import context, storage
+    seen = []
+
+    def dlio_validate(args):  # upstream's (e1919d7) and the fork's (f6796ed) checks that concern us
+        if args.storage_type == StorageType.S3:
+            raise Exception("s3torchconnector is required")
+        if args.num_checkpoints_write > 0 and args.num_checkpoints_read > args.num_checkpoints_write:
+            raise Exception(f"Number of checkpoints to read {args.num_checkpoints_read} cannot be larger "
+                            f"than number of checkpoints to write {args.num_checkpoints_write}")
+        seen.append(args.num_checkpoints_read)
+
+    monkeypatch.setattr(context, "_workload", OmegaConf.create({"checkpoint": {"layout": layout}}))
+    args = SimpleNamespace(checkpoint_mechanism_classname=MECHANISM_CLASS, storage_type=StorageType(storage_type),
+                           num_checkpoints_write=1, num_checkpoints_read=3)
+    validate = storage.validating_as_ours(dlio_validate)
+    if read_seen is None:  # a restore reading more checkpoints than it saved stays refused
+        with pytest.raises(Exception, match="read 3 cannot be larger than number of checkpoints to write 1"):
+            validate(args)
+    else:
+        validate(args)
+        assert seen == [read_seen]
+    assert (args.num_checkpoints_read, args.storage_type) == (3, StorageType(storage_type))
+    args.checkpoint_mechanism_classname = "dlio_benchmark.checkpointing.pytorch_checkpointing.PyTorchCheckpointing"
+    with pytest.raises(Exception):  # another mechanism's workload: DLIO's checks as they are
+        validate(args)
+
+
 @pytest.mark.parametrize("model_load, checkpoint, key, words", [
     ({"pattern": "pytorch"}, {}, "workload.model_load.pattern", "safetensors, runai, fastsafetensors"),
     ({}, {"restore": "framework"}, "workload.checkpoint.restore", "own with checkpoint.layout safetensors"),

@@ -59,7 +59,9 @@ def test_a_publish_is_safetensors_shards_the_library_reads_and_two_replicas_load
     assert len(names) == 3 + 9 * 2 and "model.layers.1.mlp.down_proj.weight" in names
     # one rank a replica: each reads every tensor's pages, the whole model (and the index)
     assert plan["amplification"] > 1.99 and plan["readers_per_file_max"] == 2
-    assert "[INFO] checkpoint save 1/1" in run.stdout  # the publish, timed and reported as a save
+    # the publish, timed and reported as a save
+    assert "[INFO] checkpoint save 1, every rank done: " in run.stdout
+    assert len(run.record()["save"]["per_checkpoint"]) == 1 and run.metrics()[("save", "I/O")][0] > 0
 
 
 @pytest.mark.parametrize("ranks, pattern, tensor", [(1, "runai", 1), (4, "fastsafetensors", 2)])

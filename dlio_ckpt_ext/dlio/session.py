@@ -42,9 +42,8 @@ PHASES = ("save", "load")
 _active: Optional["CheckpointSession"] = None
 
 
-def drain_active() -> None:
-    if _active is not None:
-        _active.drain()
+def active_session() -> Optional["CheckpointSession"]:
+    return _active
 
 
 class Interrupted(BaseException):

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import fnmatch
 import posixpath
-from typing import Optional
+from typing import Callable, Optional
 
 from dlio_benchmark.common.enumerations import MetadataType, NamespaceType, StorageType
 from dlio_benchmark.storage.storage_handler import DataStorage, Namespace
@@ -78,11 +78,16 @@ class StreamingStorage(DataStorage):
     def walk_node(self, id: str, use_pattern: bool = False) -> list[str]:
         # DLIO counts the checkpoints here before reading them: an async run's
         # last checkpoint must have been persisted first.
-        from dlio_ckpt_ext.dlio.session import drain_active
-        drain_active()
+        from dlio_ckpt_ext.dlio.session import active_session
+        session = active_session()
+        if session is not None:
+            session.drain()
         rel = self._rel(id)
         if not use_pattern:
-            return self.backend.children(rel)
+            listed = self.backend.children(rel)
+            if session is not None and rel == self._rel(ConfigArguments.get_instance().checkpoint_folder):
+                return session.config.checkpoints_as_loaded(listed)
+            return listed
         parent, pattern = posixpath.split(rel)
         return [self.backend.uri(posixpath.join(parent, n)) for n in self.backend.children(parent)
                 if fnmatch.fnmatch(n, pattern)]
@@ -130,25 +135,47 @@ def install() -> None:
 
     storage_factory.StorageFactory.get_storage = staticmethod(get_storage)
 
-    # Upstream's validate() requires s3torchconnector, an npz/npy dataset
-    # format and inline credentials whenever storage_type is s3 with pytorch:
-    # checks for its own S3 classes and dataset readers, none of which run
-    # for our workload. Validate everything else as DLIO does.
-    dlio_validate = ConfigArguments.validate
-
-    def validate(self, *a, **kw):
-        if not (ours(self) and self.storage_type == StorageType.S3):
-            return dlio_validate(self, *a, **kw)
-        self.storage_type = StorageType.LOCAL_FS
-        try:
-            return dlio_validate(self, *a, **kw)
-        finally:
-            self.storage_type = StorageType.S3
-
-    ConfigArguments.validate = validate
+    ConfigArguments.validate = validating_as_ours(ConfigArguments.validate)
     if dlio_is_mlcommons_fork():
         _install_fork_storage_library()
     _installed = True
+
+
+def validating_as_ours(dlio_validate: Callable) -> Callable:
+    """DLIO's ConfigArguments.validate, run on our workloads with the settings
+    of _validated_as in place of theirs, which it gets back after."""
+    def validate(self, *a, **kw):
+        shown = _validated_as(self)
+        kept = {key: getattr(self, key) for key in shown}
+        try:
+            for key, value in shown.items():
+                setattr(self, key, value)
+            return dlio_validate(self, *a, **kw)
+        finally:
+            for key, value in kept.items():
+                setattr(self, key, value)
+    return validate
+
+
+def _validated_as(args: ConfigArguments) -> dict:
+    """The settings DLIO's validate() sees in place of our workload's own,
+    where its checks are for code that does not run for our workload; it
+    validates everything else as it does.
+
+    - Upstream's requires s3torchconnector, an npz/npy dataset format and
+      inline credentials whenever storage_type is s3 with pytorch: checks for
+      its own S3 classes and dataset readers.
+    - Upstream's and the fork's refuse more reads than writes in a run that
+      writes: a model load reads its one publish for every load."""
+    if not ours(args):
+        return {}
+    given = {}
+    if args.storage_type == StorageType.S3:
+        given["storage_type"] = StorageType.LOCAL_FS
+    if OmegaConf.select(context.get_workload(), "checkpoint.layout") == "safetensors" \
+            and getattr(args, "num_checkpoints_write", 0) > 0:  # DLIO 2.0.0 has neither key nor check
+        given["num_checkpoints_read"] = min(args.num_checkpoints_read, args.num_checkpoints_write)
+    return given
 
 
 #: what DLIO itself may keep of our storage options: not the credentials
