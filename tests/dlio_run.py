@@ -89,6 +89,12 @@ class Run:
         return read_rank_stats(self.out)
 
 
+#: the presets' 8B shape scaled down to 2 layers of width 256 (SMALL_8B of test_dlio_integration.py)
+SHRINK = ["++workload.model.num_layers=2", "++workload.model.transformer.hidden_size=256",
+          "++workload.model.transformer.ffn_hidden_size=512", "++workload.model.transformer.vocab_size=1024",
+          "++workload.model.transformer.num_attention_heads=4", "++workload.model.transformer.num_kv_heads=2"]
+
+
 #: set by conftest.py for each test: only a test marked e2e starts DLIO
 STARTS_DLIO_ALLOWED = True
 

@@ -9,15 +9,12 @@ from pathlib import Path
 import pytest
 
 from dlio_ckpt_ext.result_files import RECORD_FILE
-from dlio_run import NEEDS_UPSTREAM, dlio_command, run_dlio
+from dlio_run import NEEDS_UPSTREAM, SHRINK, dlio_command, run_dlio
 from test_dlio_run import zero3_file_sizes
 
 pytestmark = pytest.mark.e2e  # each test starts DLIO (conftest.py)
 
 SMALL_8B = dict(L=2, h=256, f=512, V=1024, heads=4, kv=2)
-SHRINK = ["++workload.model.num_layers=2", "++workload.model.transformer.hidden_size=256",
-          "++workload.model.transformer.ffn_hidden_size=512", "++workload.model.transformer.vocab_size=1024",
-          "++workload.model.transformer.num_attention_heads=4", "++workload.model.transformer.num_kv_heads=2"]
 TWO_ONE = ["++workload.checkpoint.num_checkpoints_write=2", "++workload.checkpoint.num_checkpoints_read=1"]
 
 

@@ -16,7 +16,8 @@ from omegaconf import OmegaConf
 
 from conftest import tool
 from dlio_ckpt_ext.config import MECHANISM_CLASS
-from test_dlio_integration import SHRINK, SMALL_8B, TWO_ONE, expected_files, on_disk
+from dlio_run import SHRINK
+from test_dlio_integration import SMALL_8B, TWO_ONE, expected_files, on_disk
 
 pytestmark = pytest.mark.e2e  # each test starts DLIO (conftest.py)
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from conftest import tool
-from dlio_run import NEEDS_MLCOMMONS, NEEDS_MLPSTORAGE, run_dlio
-from test_dlio_integration import SHRINK, SMALL_8B, TWO_ONE, expected_files, on_disk
+from dlio_run import NEEDS_MLCOMMONS, NEEDS_MLPSTORAGE, SHRINK, run_dlio
+from test_dlio_integration import SMALL_8B, TWO_ONE, expected_files, on_disk
 
 pytestmark = [NEEDS_MLCOMMONS, pytest.mark.e2e]
 

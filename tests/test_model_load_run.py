@@ -6,8 +6,8 @@ import pytest
 from safetensors import safe_open
 
 from conftest import BUCKET
-from dlio_run import run_dlio
-from test_restore_run import SHRINK, plan_counts
+from dlio_run import SHRINK, run_dlio
+from test_restore_run import plan_counts
 
 pytestmark = pytest.mark.e2e  # each test starts DLIO (conftest.py)
 

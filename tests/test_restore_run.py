@@ -10,15 +10,12 @@ import tempfile
 import pytest
 
 from conftest import BUCKET
-from dlio_run import run_dlio
+from dlio_run import SHRINK, run_dlio
 
 pytestmark = pytest.mark.e2e  # each test starts DLIO (conftest.py)
 
 DCP = "torchtitan_llama3_8b_checkpoint"
 TINY = "llama3_tiny_checkpoint"
-SHRINK = ["++workload.model.num_layers=2", "++workload.model.transformer.hidden_size=256",
-          "++workload.model.transformer.ffn_hidden_size=512", "++workload.model.transformer.vocab_size=1024",
-          "++workload.model.transformer.num_attention_heads=4", "++workload.model.transformer.num_kv_heads=2"]
 SAVE_ONLY = ["++workload.checkpoint.num_checkpoints_write=1", "++workload.checkpoint.num_checkpoints_read=0"]
 READ_ONLY = ["++workload.checkpoint.num_checkpoints_write=0", "++workload.checkpoint.num_checkpoints_read=1",
              "++workload.streaming.verify=True", "++workload.streaming.read_size=1MiB"]

@@ -4,14 +4,11 @@ same census to 1024 ranks, docs/benchmarks.md)."""
 import pytest
 
 from conftest import BUCKET
-from dlio_run import UPSTREAM, run_dlio
+from dlio_run import SHRINK, UPSTREAM, run_dlio
 
 pytestmark = pytest.mark.e2e  # each test starts DLIO (conftest.py)
 
 RANKS = (1, 2, 4)
-SHRINK = ["++workload.model.num_layers=2", "++workload.model.transformer.hidden_size=256",
-          "++workload.model.transformer.ffn_hidden_size=512", "++workload.model.transformer.vocab_size=1024",
-          "++workload.model.transformer.num_attention_heads=4", "++workload.model.transformer.num_kv_heads=2"]
 TWO_TWO = ["++workload.checkpoint.num_checkpoints_write=2", "++workload.checkpoint.num_checkpoints_read=2"]
 #: SeaweedFS counts a HEAD as a GET answered 200; the run's reads are all ranged (206)
 NON_DATA = ("LIST", "GET 200", "DELETE", "HEAD")

@@ -18,7 +18,8 @@ import yaml
 from conftest import REPO, other_file_system, tool, tool_env
 from dlio_ckpt_ext import plan
 from dlio_ckpt_ext.submission.submit import Invocation, gap_violations
-from test_dlio_integration import SHRINK, SMALL_8B, expected_files
+from dlio_run import SHRINK
+from test_dlio_integration import SMALL_8B, expected_files
 
 ORG, SYSTEM = "testorg", "testsys"
 #: two writes and two reads of the 8B preset scaled down
