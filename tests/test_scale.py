@@ -60,6 +60,29 @@ def test_each_rank_deletes_its_own_files_in_one_request_of_many_keys(census):
         assert c["objects"] / n == 4  # 2 checkpoints x (model, optimizer) a rank, in its one request
 
 
+def test_model_loads_of_one_publish_list_it_once_a_run_not_once_a_load(s3, tmp_path):
+    """Three loads of one publish, at 1, 2 and 4 ranks: the publish is listed once for every
+    load only in the answer to DLIO's count, never by more requests."""
+    from test_model_load_run import PRESET, S3, SMALL, loads_of
+    published = run_dlio(tmp_path, 2, PRESET, *SMALL, *S3, "++workload.checkpoint.num_checkpoints_read=0",
+                         env=s3.env(), checkpoint_folder="census-publish", out="publish")
+    assert published.returncode == 0, published.stderr[-3000:]
+    counts = {}
+    for n in RANKS:
+        before = s3.request_counts()
+        run = run_dlio(tmp_path, n, PRESET, *SMALL, *S3, *loads_of(n, "safetensors", saved=2),
+                       "++workload.checkpoint.num_checkpoints_read=3", env=s3.env(),
+                       checkpoint_folder="census-publish", out=f"out{n}")
+        assert run.returncode == 0, run.stderr[-3000:]
+        after = s3.request_counts()
+        counts[n] = {k: after[k] - before.get(k, 0) for k in after if after[k] != before.get(k, 0)}
+        per_load = run.record()["restore"]["storage_requests"]
+        assert counts[n]["GET 206"] == 3 * per_load and per_load == n * counts[1]["GET 206"] / 3, counts
+    for n, c in counts.items():
+        assert (c.get("GET 200", 0), c.get("HEAD", 0), c["DELETE"]) == (MARKER_GETS, 0, MARKER_DELETES), (n, c)
+        assert c["LIST"] == counts[1]["LIST"] + WALKS_PER_RANK * (n - 1) and counts[1]["LIST"] <= 4, (n, c)
+
+
 def test_a_run_of_many_files_and_chunks_a_rank_keeps_its_output_folder_small(workdir):
     # 1T-shaped (pipeline stages of many layer files, ZeRO-1), scaled down:
     # 4 ranks x ~10 files x 5 checkpoints each way, in 1 MiB chunks
