@@ -131,11 +131,11 @@ def main() -> int:
     ap.add_argument("--json", help="save the table here (bench/results/cpu_bench.json)")
     ap.add_argument("--dir", help="scratch directory on the disk to measure (default: a temporary one here)")
     args = ap.parse_args()
-    from dlio_ckpt_ext import plan
+    from dlio_ckpt_ext import layouts
     from dlio_ckpt_ext.submission.submit import Submission, effective_config
     shape = [f"++workload.model.num_layers={args.layers}"]
     cfg = effective_config(Submission("llama3_tiny_checkpoint", ["h"], 1, shape))
-    sizes = [f.size for f in plan.rank_plan(cfg.shape, cfg.parallelism, 1, 0).files]
+    sizes = [f.size for f in layouts.rank_plan(cfg.shape, cfg.parallelism, 1, 0).files]
     n = args.checkpoints
     table = BenchTable("cpu_bench", f"Client CPU per GiB, one rank, tiny preset with {args.layers} layers ({sum(sizes) / GiB:.2f} GiB per "
                        f"checkpoint, {n} saves and {n} loads), SeaweedFS on loopback for S3",

@@ -38,13 +38,13 @@ from remote_bench import BIN, GiB, HERE, mpirun, raw_result  # noqa: E402
 
 def shape(gib_per_rank: float, ranks: int) -> dict:
     """A llama3-shaped model (ZeRO-3) whose shard is about gib_per_rank per rank."""
-    from dlio_ckpt_ext import plan
+    from dlio_ckpt_ext import layouts, plan
     hidden = 512
     while True:
         m = plan.ModelShape(2, hidden, hidden * 7 // 2, 32000, 8, 2, "fp16", "fp32")
-        per_rank = plan.checkpoint_bytes(m, plan.Parallelism(1, 1, 3), ranks) / ranks
+        per_rank = layouts.checkpoint_bytes(m, plan.Parallelism(1, 1, 3), ranks) / ranks
         if per_rank >= gib_per_rank * GiB:
-            return {"hidden": hidden, "sizes": [f.size for f in plan.rank_plan(m, plan.Parallelism(1, 1, 3), ranks,
+            return {"hidden": hidden, "sizes": [f.size for f in layouts.rank_plan(m, plan.Parallelism(1, 1, 3), ranks,
                                                                                    0).files]}
         hidden += 256
 

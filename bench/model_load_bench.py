@@ -69,7 +69,7 @@ def config(args, root: str, storage_type: str, ranks: int, pattern: str = "safet
 
 def publish(args, root: str, storage_type: str) -> list[str]:
     """The model published by one rank: the shards' names."""
-    from dlio_ckpt_ext import plan
+    from dlio_ckpt_ext import layouts
     from dlio_ckpt_ext.checkpoint.checkpointer import Checkpointer
     cfg = config(args, root, storage_type, 1, tensor=1)  # the weights do not depend on how they are served
     ck = Checkpointer(cfg, 0, 1, 1)
@@ -77,7 +77,7 @@ def publish(args, root: str, storage_type: str) -> list[str]:
     ck.save(1)
     ck._save_generated(ck.directory(1), ck.rank_plan(0).commit_files, None, 1)
     ck.close()
-    return [s.name for s in plan.published_shards(cfg.shape, cfg.parallelism)]
+    return [s.name for s in layouts.safetensors.published_shards(cfg.shape, cfg.parallelism)]
 
 
 def ours(args, root: str, storage_type: str, pattern: str):

@@ -62,9 +62,9 @@ def shape_overrides(args) -> list[str]:
 
 
 def rank_sizes(args, ranks: int) -> list[int]:
-    from dlio_ckpt_ext import plan
+    from dlio_ckpt_ext import layouts, plan
     m = plan.ModelShape(args.layers, args.hidden, args.hidden * 7 // 2, args.vocab, 8, 2, "fp16", "fp32")
-    return [f.size for f in plan.rank_plan(m, plan.Parallelism(1, 1, 3), ranks, 0).files]
+    return [f.size for f in layouts.rank_plan(m, plan.Parallelism(1, 1, 3), ranks, 0).files]
 
 
 def windows(per_rank: list[dict], phase: str, nbytes: int) -> float:

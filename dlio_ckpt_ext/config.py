@@ -14,7 +14,8 @@ from typing import Any, Optional, get_type_hints
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, ValidationError
 
-from dlio_ckpt_ext import load_plan, plan, safetensors_plan
+from dlio_ckpt_ext import layouts, load_plan, plan, safetensors_plan
+from dlio_ckpt_ext.layouts.base import Layout
 from dlio_ckpt_ext.errors import ConfigError
 
 MECHANISM_CLASS = "dlio_ckpt_ext.dlio.mechanism.StreamingCheckpointing"
@@ -74,7 +75,7 @@ class CheckpointConfig:
     time_between_checkpoints: float = 0.0         # seconds of idle before each checkpoint, untimed
     fsync: bool = True                            # fsync each local file before its close counts
     mode: str = "default"                         # default | subset
-    layout: str = "deepspeed"                     # deepspeed | dcp (torch.distributed.checkpoint, FSDP)
+    layout: str = "deepspeed"                     # deepspeed | dcp | safetensors (docs/layouts.md)
     # disabled: each save writes to storage before it returns. async: a save
     # stages the rank's state into host memory and returns; a background
     # thread persists it while training goes on (torchtitan's async_mode).
@@ -182,9 +183,14 @@ class RunConfig:
         return chosen if seekable or not st.verify else 1
 
     @property
+    def layout(self) -> Layout:
+        """The layout the checkpoints are written in (checkpoint.layout)."""
+        return layouts.get(self.checkpoint.layout)
+
+    @property
     def is_model_load(self) -> bool:
-        """Published weights (safetensors) loaded by serving replicas."""
-        return self.checkpoint.layout == "safetensors"
+        """Published weights loaded by serving replicas (a layout whose loads are model loads)."""
+        return self.layout.model_load
 
     def read_step(self, load: int) -> int:
         """The checkpoint the load-th load reads: its own number, but for model
@@ -206,7 +212,7 @@ class RunConfig:
         if not self.is_model_load:
             return listed
         present = set(listed)
-        loaded = [plan.checkpoint_dir(self.read_step(k), layout=self.checkpoint.layout)
+        loaded = [self.layout.checkpoint_dir(self.read_step(k))
                   for k in range(1, self.checkpoint.num_checkpoints_read + 1)]
         return [name for name in loaded if name in present]
 
@@ -348,7 +354,11 @@ def load_config(workload: DictConfig | dict, comm_size: int) -> RunConfig:
     if c.num_checkpoints_write + c.num_checkpoints_read == 0:
         raise ConfigError("workload.checkpoint.num_checkpoints_write", 0,
                           "at least 1 checkpoint written or read")
-    if 0 < c.num_checkpoints_write < c.num_checkpoints_read and c.layout != "safetensors":
+    try:
+        layout = layouts.get(c.layout)
+    except ConfigError as exc:
+        raise ConfigError(f"workload.{exc.key}", exc.value, exc.allowed) from None
+    if 0 < c.num_checkpoints_write < c.num_checkpoints_read and not layout.model_load:
         raise ConfigError("workload.checkpoint.num_checkpoints_read", c.num_checkpoints_read,
                           f"at most num_checkpoints_write ({c.num_checkpoints_write}), or set "
                           "num_checkpoints_write=0 to read checkpoints an earlier run wrote")
@@ -397,7 +407,7 @@ def load_config(workload: DictConfig | dict, comm_size: int) -> RunConfig:
         raise ConfigError("workload.streaming.gen_threads", st.gen_threads, "0 (automatic) or more")
 
     _check_restore(c, comm_size)
-    read_size = _check_model_load(s, read_size)
+    read_size = _check_model_load(s, layout, read_size)
 
     shape = plan.ModelShape(m.num_layers, m.transformer.hidden_size, m.transformer.ffn_hidden_size,
                             m.transformer.vocab_size, m.transformer.num_attention_heads,
@@ -408,38 +418,38 @@ def load_config(workload: DictConfig | dict, comm_size: int) -> RunConfig:
                                                              s.model_load.max_shard_size))
     cfg = RunConfig(s, shape, par, chunk, read_size)
     try:
-        plan.validate(shape, par, comm_size)
-        load_plan.validate_job(shape, par, cfg.load_job(comm_size))
+        layout.validate(shape, par, comm_size)
+        layout.validate_job(shape, par, cfg.load_job(comm_size))
     except ConfigError as exc:
         key = exc.key if exc.key.startswith(("MPI", "rank")) else f"workload.{exc.key}"
         raise ConfigError(key, exc.value, exc.allowed) from None
-    if st.verify and (st.dedup_ratio, st.compress_ratio) != (1, 1) and c.layout == "dcp" \
-            and cfg.load_job(comm_size).resharded:
+    if st.verify and (st.dedup_ratio, st.compress_ratio) != (1, 1) \
+            and layout.reads_inside_files(cfg.load_job(comm_size)):
         raise ConfigError("workload.streaming.verify", st.verify,
-                          "False for a resharded DCP restore with dedup_ratio or compress_ratio other than 1 "
+                          f"False for this {layout.name} restore with dedup_ratio or compress_ratio other than 1 "
                           "(it reads saved items from inside files; such content regenerates only from a file's "
                           "start)")
     return cfg
 
 
-def _check_model_load(s: WorkloadSections, read_size: int) -> int:
+def _check_model_load(s: WorkloadSections, layout: Layout, read_size: int) -> int:
     """Model loads' own keys; returns the read size a run's loads use."""
     ml, c = s.model_load, s.checkpoint
-    if ml.pattern not in load_plan.MODEL_LOAD_PATTERNS:
-        raise ConfigError("workload.model_load.pattern", ml.pattern, ", ".join(load_plan.MODEL_LOAD_PATTERNS))
+    if ml.pattern not in LOADER_READS:
+        raise ConfigError("workload.model_load.pattern", ml.pattern, ", ".join(LOADER_READS))
     if isinstance(ml.read_parallelism, bool) or ml.read_parallelism < 0:
         raise ConfigError("workload.model_load.read_parallelism", ml.read_parallelism,
                           "0 (the loader's own) or a positive integer")
-    if c.layout != "safetensors":
+    if not layout.model_load:
         return read_size
     for key, value, default in (("restore", c.restore, "own"), ("share", c.share, "none")):
         if value != default:
             raise ConfigError(f"workload.checkpoint.{key}", value,
-                              f"{default} with checkpoint.layout safetensors (a model load's reads are "
+                              f"{default} with checkpoint.layout {layout.name} (a model load's reads are "
                               "workload.model_load.pattern's)")
     if c.async_mode != "disabled":
         raise ConfigError("workload.checkpoint.async_mode", c.async_mode,
-                          "disabled with checkpoint.layout safetensors (a publish is no training checkpoint)")
+                          f"disabled with checkpoint.layout {layout.name} (a publish is no training checkpoint)")
     if ml.read_size == "auto":
         return loader_reads(ml.pattern, s.storage.storage_type)[0]
     size = parse_size("workload.model_load.read_size", ml.read_size)

@@ -5,7 +5,7 @@ import re
 import pytest
 
 from conftest import BUCKET
-from dlio_ckpt_ext import plan
+from dlio_ckpt_ext import layouts, plan
 from dlio_run import UPSTREAM, run_dlio
 
 PRESET = "torchtitan_llama3_8b_checkpoint"
@@ -48,20 +48,20 @@ def test_torchtitan_8b_is_12_bytes_per_parameter_and_deepspeed_14():
     n = plan.num_parameters(shape)
     assert round(n / 1e9, 2) == 8.03
     dcp = plan.Parallelism(zero_stage=3, layout="dcp")
-    shards = sum(plan.rank_plan(shape, dcp, 8, r).files[0].size for r in range(8))
+    shards = sum(layouts.rank_plan(shape, dcp, 8, r).files[0].size for r in range(8))
     assert shards == 12 * n and round(shards / 1e9, 1) == 96.4
-    assert plan.checkpoint_bytes(shape, dcp, 8) == shards + 200 * 3 * (9 * 32 + 3) * 8
+    assert layouts.checkpoint_bytes(shape, dcp, 8) == shards + 200 * 3 * (9 * 32 + 3) * 8
     expected = dcp_expected(8, [1], 32, 4096, 14336, 128256, 32, 8)
     assert {f"step-1/{f.name}": f.size for r in range(8) for f in
-            plan.rank_plan(shape, dcp, 8, r).files + plan.rank_plan(shape, dcp, 8, r).commit_files} == expected
+            layouts.rank_plan(shape, dcp, 8, r).files + layouts.rank_plan(shape, dcp, 8, r).commit_files} == expected
     deepspeed = plan.ModelShape(32, 4096, 14336, 128256, 32, 8, "fp16", "fp32")
-    assert abs(plan.checkpoint_bytes(deepspeed, plan.Parallelism(zero_stage=3), 8) / n - 14) < 0.01
+    assert abs(layouts.checkpoint_bytes(deepspeed, plan.Parallelism(zero_stage=3), 8) / n - 14) < 0.01
 
 
 def test_uneven_rows_follow_torch_chunk_and_only_rank_0_commits():
     shape = plan.ModelShape(1, 8, 12, 10, 2, 1, "fp32", "fp32")
     dcp = plan.Parallelism(layout="dcp")
-    plans = [plan.rank_plan(shape, dcp, 3, r) for r in range(3)]
+    plans = [layouts.rank_plan(shape, dcp, 3, r) for r in range(3)]
     expected = dcp_expected(3, [1], 1, 8, 12, 10, 2, 1)
     assert [p.files[0].size for p in plans] == [expected[f"step-1/__{r}_0.distcp"] for r in range(3)]
     assert plans[0].files[0].size > plans[2].files[0].size  # the last rank's chunks run short
@@ -71,8 +71,8 @@ def test_uneven_rows_follow_torch_chunk_and_only_rank_0_commits():
 
 def test_subset_mode_writes_the_full_jobs_shards_of_the_ranks_that_run():
     shape = plan.ModelShape(2, 64, 128, 100, 4, 2, "fp32", "fp32")
-    full = [plan.rank_plan(shape, plan.Parallelism(layout="dcp"), 8, r) for r in range(2)]
-    subset = [plan.rank_plan(shape, plan.Parallelism(data=8, mode="subset", layout="dcp"), 2, r) for r in range(2)]
+    full = [layouts.rank_plan(shape, plan.Parallelism(layout="dcp"), 8, r) for r in range(2)]
+    subset = [layouts.rank_plan(shape, plan.Parallelism(data=8, mode="subset", layout="dcp"), 2, r) for r in range(2)]
     assert subset == full  # the shards (and .metadata) of ranks 0 and 1 of an 8-rank job
 
 
@@ -80,7 +80,7 @@ def test_subset_mode_writes_the_full_jobs_shards_of_the_ranks_that_run():
                                       (plan.Parallelism(layout="fsdp"), "checkpoint.layout")])
 def test_layouts_we_cannot_plan_are_refused_by_name(par, key):
     with pytest.raises(Exception, match=key):
-        plan.rank_plan(plan.ModelShape(2, 64, 128, 100, 4, 2), par, 2, 0)
+        layouts.rank_plan(plan.ModelShape(2, 64, 128, 100, 4, 2), par, 2, 0)
 
 
 # -- end to end -----------------------------------------------------------------

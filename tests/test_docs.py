@@ -66,7 +66,7 @@ def test_benchmark_page_is_rendered_from_the_benches_result_files():
 def test_the_readmes_preset_bytes_are_the_plans():
     """Each preset row's bytes per checkpoint at the ranks it names, against the
     preset composed by hydra as dlio_benchmark composes it, planned at those ranks."""
-    from dlio_ckpt_ext import plan
+    from dlio_ckpt_ext import layouts
     from dlio_ckpt_ext.submission.submit import Submission, effective_config, presets
     rows = re.findall(r"^\| `(\w+_(?:checkpoint|model_load))` \|.*\| ([\d,]+) \(at (\d+) ranks?(?:; ([\d,]+) at (\d+))?\) \|$",
                       (REPO / "README.md").read_text(), re.M)
@@ -75,5 +75,5 @@ def test_the_readmes_preset_bytes_are_the_plans():
         for text, n in ((total, ranks), (other_total, other_ranks)):
             if text:
                 cfg = effective_config(Submission(workload, ["host"], int(n)))
-                assert int(text.replace(",", "")) == plan.checkpoint_bytes(cfg.shape, cfg.parallelism, int(n)), \
+                assert int(text.replace(",", "")) == layouts.checkpoint_bytes(cfg.shape, cfg.parallelism, int(n)), \
                     (workload, n)

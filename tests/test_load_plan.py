@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from dlio_ckpt_ext import load_plan as lp, plan
+from dlio_ckpt_ext import layouts, load_plan as lp, plan
 from dlio_ckpt_ext.errors import ConfigError
 
 TINY = plan.ModelShape(4, 512, 1792, 8192, 8, 2)
@@ -45,9 +45,9 @@ def brute_force_dcp_bytes(m, saved, ranks, rank) -> int:
 @pytest.mark.parametrize("saved, ranks", [(4, 2), (4, 3), (2, 4), (3, 5), (4, 4)])
 def test_dcp_resharded_reads_exactly_the_saved_items_overlapping_the_new_rows(m, saved, ranks):
     job = lp.LoadJob("framework", ranks, saved)
-    metadata = plan.rank_plan(m, dcp(), saved, 0).commit_files[0]
+    metadata = layouts.rank_plan(m, dcp(), saved, 0).commit_files[0]
     for rank in range(ranks):
-        reads = lp.rank_reads(m, dcp(), job, rank)
+        reads = layouts.rank_reads(m, dcp(), job, rank)
         assert reads[0] == lp.ReadRange(".metadata", 0, metadata.size, 0, metadata.size)  # every rank, first
         data = reads[1:]
         assert sum(r.length for r in data) == brute_force_dcp_bytes(m, saved, ranks, rank)
@@ -58,8 +58,8 @@ def test_dcp_resharded_reads_exactly_the_saved_items_overlapping_the_new_rows(m,
 
 
 def test_an_odd_shape_reads_part_of_a_saved_file_in_several_ranges():
-    reads = lp.rank_reads(ODD, dcp(), lp.LoadJob("framework", 3, 4), 1)
-    size = plan.rank_plan(ODD, dcp(), 4, 1).files[0].size
+    reads = layouts.rank_reads(ODD, dcp(), lp.LoadJob("framework", 3, 4), 1)
+    size = layouts.rank_plan(ODD, dcp(), 4, 1).files[0].size
     partial = [r for r in reads if r.name == "__1_0.distcp"]
     assert partial and sum(r.length for r in partial) < size
 
@@ -68,28 +68,28 @@ def test_own_and_same_world_framework_are_the_files_each_rank_wrote():
     for p in (dcp(), deepspeed(zero=3)):
         job = lp.LoadJob("own", 4, 4)
         for rank in range(4):
-            mine = plan.rank_plan(TINY, p, 4, rank)
-            names = [f.name for f in plan.rank_plan(TINY, p, 4, 0).commit_files + mine.files]
-            assert [r.name for r in lp.rank_reads(TINY, p, job, rank)] == names
+            mine = layouts.rank_plan(TINY, p, 4, rank)
+            names = [f.name for f in layouts.rank_plan(TINY, p, 4, 0).commit_files + mine.files]
+            assert [r.name for r in layouts.rank_reads(TINY, p, job, rank)] == names
     # recovery_rank_shift: the files of rank (r + shift) % ranks
-    shifted = lp.rank_reads(TINY, deepspeed(zero=3), lp.LoadJob("own", 4, 4, shift=2), 1)
+    shifted = layouts.rank_reads(TINY, deepspeed(zero=3), lp.LoadJob("own", 4, 4, shift=2), 1)
     assert {r.writer for r in shifted} == {3}
-    assert lp.rank_reads(TINY, dcp(), lp.LoadJob("framework", 4, 4), 2) == \
-        lp.rank_reads(TINY, dcp(), lp.LoadJob("own", 4, 4), 2)
+    assert layouts.rank_reads(TINY, dcp(), lp.LoadJob("framework", 4, 4), 2) == \
+        layouts.rank_reads(TINY, dcp(), lp.LoadJob("own", 4, 4), 2)
 
 
 def test_deepspeed_pipeline_replicas_each_read_their_stages_layer_files():
     # ZeRO-1, 2 pipeline stages, 3 data-parallel replicas: 6 ranks
     p = deepspeed(pipeline=2, zero=1)
-    s = lp.summary(TINY, p, lp.LoadJob("framework", 6, 6), 8 << 20)
-    layer_files = [n for n in lp.saved_files(TINY, p, 6) if n.startswith("layer_")]
-    readers = {n: [r for r in range(6) if n in {x.name for x in lp.rank_reads(TINY, p, lp.LoadJob("framework", 6, 6), r)}]
+    s = layouts.summary(TINY, p, lp.LoadJob("framework", 6, 6), 8 << 20)
+    layer_files = [n for n in layouts.of(p).saved_files(TINY, p, 6) if n.startswith("layer_")]
+    readers = {n: [r for r in range(6) if n in {x.name for x in layouts.rank_reads(TINY, p, lp.LoadJob("framework", 6, 6), r)}]
                for n in layer_files}
     assert all(len(v) == 3 for v in readers.values())  # every replica of the stage
     assert s["readers_per_file_max"] == 3
-    model = sum(plan.rank_plan(TINY, p, 6, r).total_bytes for r in range(2))  # dp rank 0's files: model + optim
-    optim = sum(f.size for r in range(6) for f in plan.rank_plan(TINY, p, 6, r).files if f.kind == "optimizer")
-    assert s["bytes_read"] == 3 * (model - sum(f.size for r in range(2) for f in plan.rank_plan(TINY, p, 6, r).files
+    model = sum(layouts.rank_plan(TINY, p, 6, r).total_bytes for r in range(2))  # dp rank 0's files: model + optim
+    optim = sum(f.size for r in range(6) for f in layouts.rank_plan(TINY, p, 6, r).files if f.kind == "optimizer")
+    assert s["bytes_read"] == 3 * (model - sum(f.size for r in range(2) for f in layouts.rank_plan(TINY, p, 6, r).files
                                                if f.kind == "optimizer")) + optim
 
 
@@ -99,7 +99,7 @@ def test_deepspeed_reads_model_parallel_rank_0s_model_states_first_as_its_loader
                              "zero_pp_rank_0_mp_rank_00_optim_states.pt"]),
                         (3, ["mp_rank_00_model_states.pt", "mp_rank_01_model_states.pt",
                              "zero_pp_rank_1_mp_rank_01_optim_states.pt"])):
-        assert [r.name for r in lp.rank_reads(TINY, p, lp.LoadJob("framework", 4, 4), rank)] == names
+        assert [r.name for r in layouts.rank_reads(TINY, p, lp.LoadJob("framework", 4, 4), rank)] == names
 
 
 @pytest.mark.parametrize("zero, saved, ranks, partitions", [
@@ -112,7 +112,7 @@ def test_deepspeed_at_another_world_size_reads_the_partitions_universal_loading_
     p = deepspeed(zero=zero)
     job = lp.LoadJob("framework", ranks, saved)
     for rank, want in partitions.items():
-        got = [r.writer for r in lp.rank_reads(TINY, p, job, rank) if "optim" in r.name]
+        got = [r.writer for r in layouts.rank_reads(TINY, p, job, rank) if "optim" in r.name]
         assert got == want
 
 
@@ -123,22 +123,22 @@ def test_deepspeed_at_another_world_size_reads_the_partitions_universal_loading_
 ])
 def test_impossible_loads_are_refused_naming_the_key(job, key, words):
     with pytest.raises(ConfigError) as exc:
-        lp.validate_job(TINY, dcp(), job)
+        layouts.get("dcp").validate_job(TINY, dcp(), job)
     assert exc.value.key == key and words in str(exc.value)
 
 
 def test_a_saved_world_size_the_layout_cannot_have_is_refused():
     with pytest.raises(ConfigError) as exc:
-        lp.validate_job(TINY, deepspeed(pipeline=2), lp.LoadJob("framework", 4, 3))
+        layouts.get("deepspeed").validate_job(TINY, deepspeed(pipeline=2), lp.LoadJob("framework", 4, 3))
     assert exc.value.key == "checkpoint.saved_ranks" and "multiple of tensor*pipeline = 2" in str(exc.value)
 
 
 def test_sharing_serves_each_range_once_from_storage():
     p = deepspeed(pipeline=2, zero=1)
     job = lp.LoadJob("framework", 6, 6)
-    alone, shared = (lp.summary(TINY, p, job, 1 << 20, share) for share in ("none", "broadcast"))
+    alone, shared = (layouts.summary(TINY, p, job, 1 << 20, share) for share in ("none", "broadcast"))
     assert alone["bytes_read"] == shared["bytes_read"] == alone["storage_bytes"]
-    layer_bytes = sum(size for n, size in lp.saved_files(TINY, p, 6).items() if n.startswith("layer_"))
+    layer_bytes = sum(size for n, size in layouts.of(p).saved_files(TINY, p, 6).items() if n.startswith("layer_"))
     assert alone["storage_bytes"] - shared["storage_bytes"] == 2 * layer_bytes  # 3 replicas -> 1 read
     assert shared["broadcast_bytes"] == 2 * layer_bytes
 

@@ -9,7 +9,7 @@ import pytest
 from omegaconf import OmegaConf
 from safetensors import safe_open
 
-from dlio_ckpt_ext import load_plan, plan, safetensors_plan
+from dlio_ckpt_ext import layouts, load_plan, plan, safetensors_plan
 from dlio_ckpt_ext.checkpoint.checkpointer import Checkpointer
 from dlio_ckpt_ext.config import load_config
 from dlio_ckpt_ext.engine.content import generator
@@ -51,7 +51,7 @@ def hf_names(layers=2):
 
 def test_the_safetensors_library_opens_every_shard_with_the_planned_names_shapes_and_dtypes(tmp_path):
     writers, folder = publish(tmp_path)
-    shards = plan.published_shards(writers[0].cfg.shape, writers[0].cfg.parallelism)
+    shards = layouts.safetensors.published_shards(writers[0].cfg.shape, writers[0].cfg.parallelism)
     assert len(shards) > 2 and all(s.size <= 10**6 + s.data_start for s in shards)
     assert sorted(os.listdir(folder)) == sorted([s.name for s in shards] + ["model.safetensors.index.json"])
     seen = {}
@@ -77,7 +77,7 @@ def test_the_safetensors_library_opens_every_shard_with_the_planned_names_shapes
 def test_a_tensor_read_through_the_library_is_the_regenerated_content(tmp_path):
     writers, folder = publish(tmp_path, datatype="fp16")  # numpy has no bfloat16
     ck = writers[0]
-    for j, s in enumerate(plan.published_shards(ck.cfg.shape, ck.cfg.parallelism)):
+    for j, s in enumerate(layouts.safetensors.published_shards(ck.cfg.shape, ck.cfg.parallelism)):
         placed = s.tensors[-1]
         with safe_open(str(folder / s.name), "np") as f:
             got = f.get_tensor(placed.tensor.name)
@@ -122,9 +122,9 @@ def test_each_pattern_loads_verified_into_two_replicas_of_two_ranks(tmp_path, pa
     got = run_in_threads(readers, lambda ck: (sum(f.nbytes for f in ck.load(1)), dict(ck.last_broadcast),
                                               [(r.name, r.offset, r.length) for r in ck.reads()]))
     ck = readers[0]
-    summary = load_plan.summary(ck.cfg.shape, ck.cfg.parallelism, ck.job, ck.cfg.read_size)
+    summary = layouts.summary(ck.cfg.shape, ck.cfg.parallelism, ck.job, ck.cfg.read_size)
     assert sum(storage for storage, _, _ in got) == summary["storage_bytes"]
-    shards = plan.published_shards(ck.cfg.shape, ck.cfg.parallelism)
+    shards = layouts.safetensors.published_shards(ck.cfg.shape, ck.cfg.parallelism)
     model = sum(s.size for s in shards)
     for (storage, broadcast, reads), reader in zip(got, readers):
         assert reads[0][0] == "model.safetensors.index.json"  # the weight map first
@@ -214,9 +214,9 @@ def test_model_load_settings_no_load_can_have_are_refused_under_their_key(tmp_pa
 
 
 def test_runai_buffers_are_the_smallest_that_stream_the_tensors_in_18():
-    assert load_plan.runai_buffer_bytes([10] * 36) == 20  # exactly 2 tensors a buffer
-    assert load_plan.runai_buffer_bytes([10] * 37) == 30  # 20 would take 19 buffers
-    assert load_plan.runai_buffer_bytes([30, 10, 10]) == 30  # never below the largest tensor
+    assert layouts.safetensors.runai_buffer_bytes([10] * 36) == 20  # exactly 2 tensors a buffer
+    assert layouts.safetensors.runai_buffer_bytes([10] * 37) == 30  # 20 would take 19 buffers
+    assert layouts.safetensors.runai_buffer_bytes([30, 10, 10]) == 30  # never below the largest tensor
 
 
 @pytest.mark.parametrize("object_store, most_workers", [(True, 8), (False, 16)])
@@ -227,9 +227,9 @@ def test_runai_reads_each_tensor_once_cut_where_its_buffers_and_workers_end(obje
     edge inside a file ending a request."""
     read = 64 << 10
     cfg = checkpointers("x", 1, pattern="runai")[0].cfg
-    shards = plan.published_shards(cfg.shape, cfg.parallelism)
+    shards = layouts.safetensors.published_shards(cfg.shape, cfg.parallelism)
     job = load_plan.LoadJob("runai", 1, 1, read_size=read, object_store=object_store)
-    reads = load_plan.rank_reads(cfg.shape, cfg.parallelism, job, 0)
+    reads = layouts.rank_reads(cfg.shape, cfg.parallelism, job, 0)
     n = len(shards)
     assert [(r.offset, r.length) for r in reads[1:1 + 2 * n]] == \
         [(0, 8)] * n + [(8, s.data_start - 8) for s in shards]  # every length, then every header
@@ -239,7 +239,7 @@ def test_runai_reads_each_tensor_once_cut_where_its_buffers_and_workers_end(obje
         assert mine[0][0] == s.data_start and sum(length for _, length in mine) == s.size - s.data_start
         assert all(a + la == b for (a, la), (b, _) in zip(mine, mine[1:]))
     tensors = [t.end - t.begin for s in shards for t in s.tensors]
-    buffer = load_plan.runai_buffer_bytes(tensors)
+    buffer = layouts.safetensors.runai_buffer_bytes(tensors)
     assert max(tensors) <= buffer and sum(tensors) <= 18 * buffer
     cuts = [c for r in data for c in r.cuts]
     assert all(r.offset < c < r.offset + r.length for r in data for c in r.cuts)

@@ -3,7 +3,7 @@ import pytest
 import yaml
 
 from conftest import PRESETS
-from dlio_ckpt_ext import plan
+from dlio_ckpt_ext import layouts, plan
 from dlio_ckpt_ext.errors import ConfigError
 
 LLAMA3_8B = dict(num_layers=32, hidden_size=4096, ffn_hidden_size=14336, vocab_size=128256,
@@ -42,18 +42,18 @@ def preset(name):
 def test_llama3_8b_zero3_four_ranks_per_rank_sizes():
     shape = plan.ModelShape(**LLAMA3_8B)
     for rank in range(4):
-        rp = plan.rank_plan(shape, plan.Parallelism(zero_stage=3), 4, rank)
+        rp = layouts.rank_plan(shape, plan.Parallelism(zero_stage=3), 4, rank)
         assert [(f.name, f.size) for f in rp.files] == [
             (f"zero_pp_rank_{rank}_mp_rank_00_model_states.pt", 4_015_130_624),
             (f"zero_pp_rank_{rank}_mp_rank_00_optim_states.pt", 24_091_029_504)]
-    total = plan.checkpoint_bytes(shape, plan.Parallelism(zero_stage=3), 4)
+    total = layouts.checkpoint_bytes(shape, plan.Parallelism(zero_stage=3), 4)
     assert total == 4 * (4_015_130_624 + 24_091_029_504)
     assert round(total / 2**30, 2) == 104.70
 
 
 def test_llama3_8b_24_layers():
     shape = plan.ModelShape(**{**LLAMA3_8B, "num_layers": 24})
-    sizes = [f.size for f in plan.rank_plan(shape, plan.Parallelism(zero_stage=3), 4, 0).files]
+    sizes = [f.size for f in layouts.rank_plan(shape, plan.Parallelism(zero_stage=3), 4, 0).files]
     assert sizes == [3_142_682_624, 18_856_341_504]
 
 
@@ -65,7 +65,7 @@ def test_llama3_8b_24_layers():
 ])
 def test_preset_totals(name, ranks, expected):
     shape, par = preset(name)
-    got = plan.checkpoint_bytes(shape, par, ranks)
+    got = layouts.checkpoint_bytes(shape, par, ranks)
     assert got == independent_total(shape.num_layers, shape.hidden_size, shape.ffn_hidden_size,
                                      shape.vocab_size, shape.num_attention_heads, shape.num_kv_heads,
                                      par.tensor, par.pipeline, par.zero_stage, ranks)
@@ -75,13 +75,13 @@ def test_preset_totals(name, ranks, expected):
 
 def test_zero1_pipeline_writes_layer_files_on_first_replica_only():
     shape, par = preset("llama3_405b_checkpoint")
-    first = plan.rank_plan(shape, par, 512, 0)      # dp 0, pp stage 0: embedding + 4 layers
+    first = layouts.rank_plan(shape, par, 512, 0)      # dp 0, pp stage 0: embedding + 4 layers
     assert [f.name for f in first.files][:2] == ["layer_00-model_00-model_states.pt",
                                                   "layer_01-model_00-model_states.pt"]
     assert first.files[0].size == 16384 * 128256 // 8 * 2
-    second_replica = plan.rank_plan(shape, par, 512, 256)  # dp rank 1
+    second_replica = layouts.rank_plan(shape, par, 512, 256)  # dp rank 1
     assert [f.kind for f in second_replica.files] == ["optimizer"]
-    last_stage = plan.rank_plan(shape, par, 512, 255)  # pp stage 31 ends with lm_head and norm
+    last_stage = layouts.rank_plan(shape, par, 512, 255)  # pp stage 31 ends with lm_head and norm
     names = [f.name for f in last_stage.files]
     assert "layer_127-model_255-model_states.pt" in names and "layer_128-model_255-model_states.pt" in names
 
@@ -89,17 +89,17 @@ def test_zero1_pipeline_writes_layer_files_on_first_replica_only():
 def test_zero0_only_first_model_parallel_group_writes():
     shape = plan.ModelShape(**LLAMA3_8B)
     par = plan.Parallelism(tensor=2, zero_stage=0)
-    assert plan.rank_plan(shape, par, 4, 2).files == ()
-    assert len(plan.rank_plan(shape, par, 4, 1).files) == 2
-    assert plan.checkpoint_bytes(shape, par, 4) == independent_total(32, 4096, 14336, 128256, 32, 8,
+    assert layouts.rank_plan(shape, par, 4, 2).files == ()
+    assert len(layouts.rank_plan(shape, par, 4, 1).files) == 2
+    assert layouts.checkpoint_bytes(shape, par, 4) == independent_total(32, 4096, 14336, 128256, 32, 8,
                                                                      2, 1, 0, 4)
 
 
 def test_subset_mode_uses_configured_data_parallelism():
     shape = plan.ModelShape(**LLAMA3_8B)
     par = plan.Parallelism(zero_stage=3, data=8, mode="subset")
-    full = plan.rank_plan(shape, plan.Parallelism(zero_stage=3), 8, 0)
-    subset = plan.rank_plan(shape, par, 2, 0)  # 2 of the 8 ranks
+    full = layouts.rank_plan(shape, plan.Parallelism(zero_stage=3), 8, 0)
+    subset = layouts.rank_plan(shape, par, 2, 0)  # 2 of the 8 ranks
     assert [f.size for f in subset.files] == [f.size for f in full.files]
 
 
@@ -114,7 +114,7 @@ def test_subset_mode_uses_configured_data_parallelism():
 ])
 def test_invalid_parallelism_names_the_key(par, ranks, key):
     with pytest.raises(ConfigError) as err:
-        plan.rank_plan(plan.ModelShape(**LLAMA3_8B), par, ranks, 0)
+        layouts.rank_plan(plan.ModelShape(**LLAMA3_8B), par, ranks, 0)
     assert err.value.key == key
 
 
@@ -122,7 +122,7 @@ def test_a_tensor_split_of_uneven_heads_is_refused_with_both_head_counts():
     """The tiny preset's 8 query and 2 KV heads at tensor=3: no framework splits heads so."""
     shape = plan.ModelShape(4, 512, 1792, 8192, 8, 2)
     with pytest.raises(ConfigError) as err:
-        plan.rank_plan(shape, plan.Parallelism(tensor=3), 3, 0)
+        layouts.rank_plan(shape, plan.Parallelism(tensor=3), 3, 0)
     assert str(err.value) == ("invalid config: model.parallelism.tensor=3; allowed: a divisor of both "
                               "num_attention_heads 8 and num_kv_heads 2 (tensor parallelism splits the heads)")
 

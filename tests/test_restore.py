@@ -5,7 +5,7 @@ import os
 import pytest
 from omegaconf import OmegaConf
 
-from dlio_ckpt_ext import load_plan
+from dlio_ckpt_ext import layouts
 from dlio_ckpt_ext.checkpoint.checkpointer import Checkpointer
 from dlio_ckpt_ext.config import load_config
 from dlio_ckpt_ext.errors import ConfigError, VerificationError
@@ -47,15 +47,21 @@ def test_a_resharded_restore_reads_its_plan_and_every_byte_verifies(tmp_path, la
     save(tmp_path, saved, shape, {"zero_stage": zero}, layout)
     readers = restore(tmp_path, ranks, saved, shape, {"zero_stage": zero}, layout)
     assert readers[0].inventory([1])["ok"]  # the saved layout's files, at the saved world size
+    assert load_verified(readers) == layouts.summary(readers[0].cfg.shape, readers[0].cfg.parallelism,
+                                                     readers[0].job, readers[0].cfg.read_size)["bytes_read"]
+
+
+def load_verified(readers) -> int:
+    """Every reader's load, one after another: the ranges its plan names, each
+    verified against the content at its offset (verify=True); the bytes of all."""
     total = 0
     for ck in readers:
         ck.prepare()
-        loaded = ck.load(1)  # verify=True: every range against the content at its offset
+        loaded = ck.load(1)
         assert [(f.name.split("/", 1)[1], f.nbytes) for f in loaded] == [(r.name, r.length) for r in ck.reads()]
         total += sum(f.nbytes for f in loaded)
         ck.close()
-    assert total == load_plan.summary(readers[0].cfg.shape, readers[0].cfg.parallelism, readers[0].job,
-                                      readers[0].cfg.read_size)["bytes_read"]
+    return total
 
 
 def test_a_damaged_byte_inside_a_range_read_is_named_at_its_offset(tmp_path):
@@ -149,6 +155,7 @@ def run_in_threads(readers, action):
 @pytest.mark.parametrize("layout, zero, pipeline, saved, ranks", [
     ("deepspeed", 1, 2, 6, 6),   # every layer file read by the 3 replicas of its stage
     ("dcp", 0, 1, 4, 3),         # resharded: the new ranks overlapping a saved file share it
+    ("megatron", 1, 2, 4, 4),    # the fully parallel load: each stage's data-parallel pair reads a weight once
 ])
 def test_sharing_reads_each_range_once_from_storage_and_every_rank_gets_its_bytes(
         tmp_path, layout, zero, pipeline, saved, ranks):
@@ -159,7 +166,7 @@ def test_sharing_reads_each_range_once_from_storage_and_every_rank_gets_its_byte
     got = run_in_threads(readers, lambda ck: (sum(f.nbytes for f in ck.load(1)), dict(ck.last_broadcast),
                                               sum(r.length for r in dict.fromkeys(ck.reads()))))
     ck = readers[0]
-    plan = load_plan.summary(ck.cfg.shape, ck.cfg.parallelism, ck.job, ck.cfg.read_size, "broadcast")
+    plan = layouts.summary(ck.cfg.shape, ck.cfg.parallelism, ck.job, ck.cfg.read_size, "broadcast")
     assert sum(storage for storage, _, _ in got) == plan["storage_bytes"] < plan["bytes_read"]
     for storage, broadcast, wanted in got:  # verify=True: every received piece checked too
         assert storage + broadcast["broadcast_bytes"] == wanted

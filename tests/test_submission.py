@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from conftest import REPO, other_file_system, tool, tool_env
-from dlio_ckpt_ext import plan
+from dlio_ckpt_ext import layouts
 from dlio_ckpt_ext.submission.submit import Invocation, gap_violations
 from dlio_run import SHRINK
 from test_dlio_integration import SMALL_8B, expected_files
@@ -507,6 +507,19 @@ def test_each_closed_rule_of_edition_3_is_refused_in_one_line_naming_it(tmp_path
         "[submit] not a valid CLOSED run; fix the above or pass --open to run it as OPEN"]
 
 
+@pytest.mark.parametrize("workload, layout, framework", [
+    ("megatron_llama3_8b_checkpoint", "megatron", "Megatron-core dist_checkpointing (torch_dist)"),
+    ("torchtitan_llama3_8b_checkpoint", "dcp", "torch.distributed.checkpoint")])
+def test_another_frameworks_layout_is_refused_for_closed_even_under_the_closed_models_name(
+        tmp_path, apart, workload, layout, framework):
+    res = submit("--workload", workload, "--hosts", "n1", "--num-processes", "8", "--accelerator-type", "b200",
+                 "--host-ram-gib", "1", "--dry-run", "--results-dir", str(tmp_path / "r"), "--checkpoint-folder",
+                 str(apart), "--", "++workload.model.name=llama3_8b", cwd=tmp_path, timeout=120)
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    assert f"[submit] CLOSED rule: 4.6.3 checkpoint.layout={layout}: CLOSED writes the reference layout " \
+           f"(DeepSpeed's, as DLIO does); {framework}'s is OPEN" in res.stdout.splitlines()
+
+
 def test_a_model_load_is_refused_by_name_as_no_mlperf_workload(tmp_path, apart):
     res = submit("--workload", "llama3_8b_model_load", "--ranks-per-host", "8", "--accelerator-type", "b200",
                  "--open", "--dry-run", "--results-dir", str(tmp_path / "r"), "--checkpoint-folder", str(apart),
@@ -542,7 +555,7 @@ def test_accelerators_that_cannot_hold_the_checkpoint_refuse_the_run_even_as_ope
     from dlio_ckpt_ext.submission.submit import Submission, effective_config
     overrides = args[args.index("--") + 1:] if "--" in args else []
     cfg = effective_config(Submission("llama3_8b_checkpoint", ["n1"], 8, overrides))
-    line = line.format(gib=plan.checkpoint_bytes(cfg.shape, cfg.parallelism, 8) / 2**30)
+    line = line.format(gib=layouts.checkpoint_bytes(cfg.shape, cfg.parallelism, 8) / 2**30)
     options = args[:args.index("--")] if "--" in args else args
     res = submit("--model", "llama3-8b", "--hosts", "n1", "--num-processes", "8", "--open", "--dry-run", *options,
                  "--results-dir", str(tmp_path / "r"), "--checkpoint-folder", str(apart), "--", *overrides,
@@ -573,7 +586,7 @@ def test_datasize_matches_the_plans_exact_bytes(tmp_path):
     assert res.returncode == 0, res.stderr
     from dlio_ckpt_ext.submission.submit import Submission, effective_config
     cfg = effective_config(Submission("llama3_8b_checkpoint", ["n1", "n2"], 4))
-    per_rank = [plan.rank_plan(cfg.shape, cfg.parallelism, 8, r).total_bytes for r in range(8)]
+    per_rank = [layouts.rank_plan(cfg.shape, cfg.parallelism, 8, r).total_bytes for r in range(8)]
     for r, n in enumerate(per_rank):
         assert f"  rank {r}: {n} bytes" in res.stdout
     assert f"  host n1: {sum(per_rank[:4])} bytes" in res.stdout and f"{sum(per_rank[:4]) * 10} bytes" in res.stdout

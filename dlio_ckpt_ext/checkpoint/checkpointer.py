@@ -36,11 +36,12 @@ class Checkpointer:
         self.pool: BufferPool | None = None
         self.read_pool: BufferPool | None = None
         self.staging: StagingArea | None = None
+        self.layout = cfg.layout
         self._plans: dict[int, plan.RankPlan] = {}
         #: what this run's loads read: pattern, world size, the saved one (load_plan)
         self.job = cfg.load_job(comm_size, ranks_per_node)
         self._reads: Optional[tuple[load_plan.ReadRange, ...]] = None
-        self._prefixes: Optional[dict[str, bytes]] = None
+        self._prefixes: dict[int, dict[str, bytes]] = {}
         self._groups: Optional[list[tuple[tuple[int, ...], list[load_plan.ReadRange]]]] = None
         #: share=broadcast: makes the group of ranks reading a range (the DLIO layer's, over MPI)
         self.sharer: Optional[Callable[[tuple[int, ...]], Broadcast]] = None
@@ -87,17 +88,17 @@ class Checkpointer:
         size: this run's whenever it writes)."""
         # kept: the inventory asks for every rank's plan once per checkpoint
         if rank not in self._plans:
-            self._plans[rank] = plan.rank_plan(self.cfg.shape, self.cfg.parallelism, self.job.saved_ranks, rank)
+            self._plans[rank] = self.layout.rank_plan(self.cfg.shape, self.cfg.parallelism, self.job.saved_ranks, rank)
         return self._plans[rank]
 
     def files(self, rank: int) -> tuple[plan.ShardFile, ...]:
-        """The files `rank` writes before the commit (all of them, but DCP's .metadata)."""
+        """The files `rank` writes before the commit (all of them, but the layout's commit files)."""
         return self.rank_plan(rank).files
 
     def reads(self) -> tuple[load_plan.ReadRange, ...]:
-        """The ranges this rank reads in each load, in order (load_plan.rank_reads)."""
+        """The ranges this rank reads in each load, in order (its layout's load plan)."""
         if self._reads is None:
-            self._reads = load_plan.rank_reads(self.cfg.shape, self.cfg.parallelism, self.job, self.rank)
+            self._reads = self.layout.rank_reads(self.cfg.shape, self.cfg.parallelism, self.job, self.rank)
         return self._reads
 
     def share_groups(self) -> list[tuple[tuple[int, ...], list[load_plan.ReadRange]]]:
@@ -107,14 +108,14 @@ class Checkpointer:
         if self._groups is None:
             groups: dict[tuple[int, ...], list[load_plan.ReadRange]] = {}
             for r in dict.fromkeys(self.reads()):
-                members = load_plan.range_readers(self.cfg.shape, self.cfg.parallelism, self.job, r, self.rank)
+                members = self.layout.range_readers(self.cfg.shape, self.cfg.parallelism, self.job, r, self.rank)
                 groups.setdefault(members, []).append(r)
             self._groups = sorted(((m, sorted(rs, key=lambda r: r.key)) for m, rs in groups.items()),
                                   key=lambda g: g[0])
         return self._groups
 
     def directory(self, step: int, epoch: int = 1) -> str:
-        return plan.checkpoint_dir(step, epoch, self.cfg.checkpoint.layout)
+        return self.layout.checkpoint_dir(step, epoch)
 
     def source_rank(self) -> int:
         """Whose files this rank loads: with recovery_rank_shift, a rank on
@@ -128,16 +129,14 @@ class Checkpointer:
         name, after the bytes it starts with where it has them (safetensors)."""
         st = self.cfg.streaming
         return ContentSpec(derive_seed(st.seed, directory, rank, name), st.dedup_ratio, st.compress_ratio,
-                           self.prefixes().get(name, b""))
+                           self.prefix(rank, name))
 
-    def prefixes(self) -> dict[str, bytes]:
-        """The saved files that start with bytes not generated: headers, the index."""
-        if self._prefixes is None:
-            self._prefixes = {}
-            if self.cfg.checkpoint.layout == "safetensors":
-                self._prefixes = {f.name: f.prefix for r in range(self.job.saved_ranks)
-                                  for f in self.rank_plan(r).files + self.rank_plan(r).commit_files}
-        return self._prefixes
+    def prefix(self, rank: int, name: str) -> bytes:
+        """The bytes file `name` of saved rank `rank` starts with, not generated
+        (a header, an index); b"" for most files."""
+        if rank not in self._prefixes:
+            self._prefixes[rank] = {f.name: f.prefix for f in self.rank_plan(rank).all_files if f.prefix}
+        return self._prefixes[rank].get(name, b"")
 
     def expected_sizes(self, steps: list[int], epoch: int = 1) -> dict[str, int]:
         """Every file of the given checkpoints, all ranks, path -> size."""
@@ -147,7 +146,7 @@ class Checkpointer:
     def checkpoint_files(self) -> dict[str, int]:
         """Every rank's files of one checkpoint, name (below its directory) -> size."""
         return {f.name: f.size for r in range(self.job.saved_ranks)
-                for f in self.rank_plan(r).files + self.rank_plan(r).commit_files}
+                for f in self.rank_plan(r).all_files}
 
     def planned_writes(self, steps: list[int], epoch: int = 1) -> dict:
         """Where the given checkpoints go and what each holds (all ranks): enough
@@ -187,7 +186,7 @@ class Checkpointer:
 
     def checkpoint_bytes(self) -> int:
         """Bytes of one whole checkpoint, all ranks (at the saved world size)."""
-        return plan.checkpoint_bytes(self.cfg.shape, self.cfg.parallelism, self.job.saved_ranks)
+        return self.layout.checkpoint_bytes(self.cfg.shape, self.cfg.parallelism, self.job.saved_ranks)
 
     def prepare(self) -> None:
         self.backend.prepare("")
@@ -262,22 +261,27 @@ class Checkpointer:
 
     def _commit(self, directory: str, barrier: Optional[Callable[[], None]], progress: Progress,
                 step: int) -> list[FileStats]:
-        """DCP's commit: once every rank has finished its files, rank 0 writes
-        .metadata, and the save returns on every rank only after that (DCP's
-        all_reduce of the write results). A checkpoint counts as saved then."""
-        if self.cfg.checkpoint.layout not in plan.COMMITTED_LAYOUTS:
+        """The layout's commit (DCP's): once every rank has finished its files,
+        rank 0 writes the commit files (.metadata, an index), and the save
+        returns on every rank only after that (DCP's all_reduce of the write
+        results). A checkpoint counts as saved then."""
+        if not self.layout.committed:
             return []
         if barrier:
             barrier()
-        saved = self._save_generated(directory, self.rank_plan(self.rank).commit_files, progress, step)
+        commit = self.rank_plan(self.rank).commit_files
+        saved = self._save_generated(directory, commit, progress, step)
+        tracker = self.layout.tracker(step)
+        if commit and tracker:  # the save root's pointer to the last whole checkpoint, last of all
+            self.backend.write_marker(*tracker)
         if barrier:
             barrier()
         return saved
 
     def save(self, step: int, epoch: int = 1, progress: Progress = None,
              barrier: Optional[Callable[[], None]] = None) -> list[FileStats]:
-        """Generate and write this rank's files; with the dcp layout, `barrier`
-        (every rank's) brackets the commit."""
+        """Generate and write this rank's files; with a committed layout,
+        `barrier` (every rank's) brackets the commit."""
         directory = self.directory(step, epoch)
         self._prepare(directory, barrier)
         return self._save_generated(directory, self.files(self.rank), progress, step) + \
@@ -328,16 +332,15 @@ class Checkpointer:
                 continue
             group = self.sharer(members)
             for r in ranges:
-                owner = None
-                if self.cfg.is_model_load:  # fastsafetensors: one member reads the file whole
-                    owner = members.index(load_plan.shard_owner(self.cfg.parallelism, self.job, self.rank, r,
-                                                                self.reads()))
+                owner = self.layout.read_owner(self.cfg.parallelism, self.job, self.rank, r, self.reads())
+                if owner is not None:  # one member reads the range whole for all (fastsafetensors)
+                    owner = members.index(owner)
                 out += self._share_range(directory, r, group, step, progress, owner)
         return out
 
     def shares(self) -> bool:
-        """Whether ranks reading the same range split it and broadcast (load_plan.sharing)."""
-        return load_plan.sharing(self.cfg.parallelism, self.job, self.cfg.checkpoint.share)
+        """Whether ranks reading the same range split it and broadcast (the layout's loader may always)."""
+        return self.layout.shares(self.job, self.cfg.checkpoint.share)
 
     def _share_range(self, directory: str, r: load_plan.ReadRange, group: Broadcast, step: int,
                      progress: Progress, owner: Optional[int] = None) -> list[FileStats]:
@@ -367,8 +370,9 @@ class Checkpointer:
             self.cfg.read_parallelism, self.gen_threads, progress, self.cfg.read_size, self._spans(step),
             r.offset, r.length, cuts=r.cuts)])[0]
 
-    def inventory(self, steps: list[int], epoch: int = 1) -> dict:
-        """Compare one listing of the checkpoint folder with the plan.
+    def inventory(self, steps: list[int], epoch: int = 1, saved: bool = False) -> dict:
+        """Compare one listing of the checkpoint folder with the plan; after
+        this run's saves (`saved`), also the layout's tracker at the root.
 
         Call on one rank only: a listing per rank is a LIST storm at scale.
         """
@@ -376,6 +380,12 @@ class Checkpointer:
         found = {}
         for step in steps:
             found.update(self.backend.list_sizes(self.directory(step, epoch)))
+        tracker = self.layout.tracker(max(steps)) if saved and steps else None
+        if tracker:
+            name, content = tracker
+            expected[name] = len(content)
+            if self.backend.read_marker(name) == content:  # naming another checkpoint, it is missing
+                found[name] = len(content)
         missing = sorted(set(expected) - set(found))
         wrong = sorted(p for p in expected if p in found and found[p] != expected[p])
         result = {"expected": len(expected), "present": len(set(expected) & set(found)),
@@ -392,8 +402,9 @@ class Checkpointer:
         many a request as the storage takes): every rank its own, so cleanup
         lasts the slowest rank's share. Returns the files deleted."""
         mine = self.rank_plan(self.rank)
+        tracker = self.layout.tracker(max(steps)) if mine.commit_files and steps else None
         return self.backend.delete_files([f"{self.directory(s, epoch)}/{f.name}" for s in steps
-                                          for f in mine.files + mine.commit_files])
+                                          for f in mine.all_files] + ([tracker[0]] if tracker else []))
 
     def remove_empty_dirs(self, steps: list[int], epoch: int = 1) -> None:
         """After every rank's remove_written, on one rank: the step directories that

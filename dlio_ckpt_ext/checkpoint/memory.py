@@ -18,9 +18,8 @@ GiB = float(1 << 30)
 def staging_bytes(cfg: RunConfig, comm_size: int) -> int:
     """The largest staging area any rank of an async run allocates: its whole
     share of a checkpoint, each file page-aligned (engine.staging)."""
-    from dlio_ckpt_ext import plan
     from dlio_ckpt_ext.engine.staging import aligned
-    return max(sum(aligned(f.size) for f in plan.rank_plan(cfg.shape, cfg.parallelism, comm_size, r).files)
+    return max(sum(aligned(f.size) for f in cfg.layout.rank_plan(cfg.shape, cfg.parallelism, comm_size, r).files)
                for r in range(comm_size))
 
 
@@ -44,7 +43,7 @@ def rank_buffers(cfg: RunConfig, comm_size: int = 1) -> list[tuple[str, object, 
                     (cfg.read_parallelism + (1 if lent else 2)) * cfg.read_size))
         if st.verify:
             out.append(("workload.streaming.verify", st.verify, cfg.read_size))
-        if c.share == "broadcast" or (cfg.is_model_load and cfg.model_load.pattern == "fastsafetensors"):
+        if cfg.layout.shares(cfg.load_job(comm_size), c.share):
             # a window of the rank's own part, a request in flight each, and a piece received
             key, value = (("workload.model_load.pattern", cfg.model_load.pattern) if cfg.is_model_load
                           else ("workload.checkpoint.share", c.share))

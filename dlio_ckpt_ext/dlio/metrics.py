@@ -245,7 +245,7 @@ def skew_lines(phase: str, windows: list[dict], stalls: list[dict] = ()) -> list
 
 
 def restore_lines(plan: dict, windows: list[dict]) -> list[str]:
-    """RESULTS' lines on what the loads read (load_plan.summary), against the
+    """RESULTS' lines on what the loads read (Layout.summary), against the
     bytes the ranks measured: the plan's figures hold only if they agree."""
     if not plan or not windows:
         return []
@@ -257,7 +257,7 @@ def restore_lines(plan: dict, windows: list[dict]) -> list[str]:
              else "the checkpoint saved at the same world size")
     rank_bytes = (f"{plan['rank_bytes_min']}" if plan["rank_bytes_min"] == plan["rank_bytes_max"]
                   else f"{plan['rank_bytes_min']}-{plan['rank_bytes_max']}")
-    if plan["layout"] == "safetensors":
+    if plan.get("model_load"):
         return model_load_lines(plan, windows)
     lines = [f"RESTORE (load): restore={plan['pattern']} share={plan['share']}, {plan['ranks']} ranks reading {saved}",
              f"  {'bytes read per load':28s} {plan['bytes_read']} ({plan['amplification']:.3f}x the checkpoint's "

@@ -21,7 +21,6 @@ from omegaconf import DictConfig
 from tqdm import tqdm
 
 from dlio_ckpt_ext.checkpoint.background import BackgroundPersist
-from dlio_ckpt_ext import load_plan
 from dlio_ckpt_ext.checkpoint.checkpointer import Checkpointer, inventory_error
 from dlio_ckpt_ext.config import RunConfig, load_config
 from dlio_ckpt_ext.dlio import metrics, records, trace
@@ -149,7 +148,7 @@ class CheckpointSession:
         #: rank 0 only, after finalize: the global window of each checkpoint
         self.windows: dict[str, list[dict]] = {p: [] for p in PHASES}
         self.inventory: Optional[dict] = None
-        #: rank 0 after finalize, when the run loaded: what the loads read (load_plan.summary)
+        #: rank 0 after finalize, when the run loaded: what the loads read (Layout.summary)
         self.restore: Optional[dict] = None
         #: async mode: this rank's blocked part of each save; rank 0 after finalize: the summary
         self.blocked: list[dict] = []
@@ -526,12 +525,12 @@ class CheckpointSession:
             if term is not sys.stdout:
                 term.close()
 
-    def _check_inventory(self, steps: list[int]) -> None:
+    def _check_inventory(self, steps: list[int], saved: bool = False) -> None:
         """Rank 0 lists once and compares with the plan; nobody else lists."""
         result = None
         if self.rank == 0:
             with self.abort_on_error("listing the checkpoints"):
-                result = self.checkpointer.inventory(steps)
+                result = self.checkpointer.inventory(steps, saved=saved)
             print(f"[INFO] inventory: {result['message']}", flush=True)
         self.inventory = self.comm.bcast(result, root=0)
         if not self.inventory["ok"] and self.rank == 0:
@@ -558,7 +557,7 @@ class CheckpointSession:
         if self.persister is not None and self.rank == 0:
             self.async_summary = metrics.async_checkpoints(blocked, self.windows["save"], self.drain_s)
         if c.num_checkpoints_write:
-            self._check_inventory(list(range(1, c.num_checkpoints_write + 1)))
+            self._check_inventory(list(range(1, c.num_checkpoints_write + 1)), saved=True)
         with self.abort_on_error("writing the results"):
             self._write_results()
         self.comm.barrier()
@@ -624,7 +623,7 @@ class CheckpointSession:
                 lines += metrics.skew_lines(phase, self.windows[phase], self.stalls)
         if self.windows["load"]:
             ck = self.checkpointer
-            self.restore = load_plan.summary(self.config.shape, self.config.parallelism, ck.job,
+            self.restore = ck.layout.summary(self.config.shape, self.config.parallelism, ck.job,
                                              self.config.read_size, self.config.checkpoint.share)
             lines += metrics.restore_lines(self.restore, self.windows["load"])
         budget = self.checkpointer.threads.describe()

@@ -21,6 +21,7 @@ from dlio_benchmark.utils.config import ConfigArguments
 
 from omegaconf import OmegaConf
 
+from dlio_ckpt_ext import layouts
 from dlio_ckpt_ext.config import MECHANISM_CLASS
 from dlio_ckpt_ext.dlio import context
 from dlio_ckpt_ext.dlio.provenance import dlio_is_mlcommons_fork
@@ -172,7 +173,8 @@ def _validated_as(args: ConfigArguments) -> dict:
     given = {}
     if args.storage_type == StorageType.S3:
         given["storage_type"] = StorageType.LOCAL_FS
-    if OmegaConf.select(context.get_workload(), "checkpoint.layout") == "safetensors" \
+    layout = layouts.REGISTRY.get(OmegaConf.select(context.get_workload(), "checkpoint.layout"))
+    if layout is not None and layout.model_load \
             and getattr(args, "num_checkpoints_write", 0) > 0:  # DLIO 2.0.0 has neither key nor check
         given["num_checkpoints_read"] = min(args.num_checkpoints_read, args.num_checkpoints_write)
     return given

@@ -6,16 +6,15 @@ import json
 from pathlib import Path
 from typing import Optional
 
-from dlio_ckpt_ext import load_plan
 from dlio_ckpt_ext.config import RunConfig
 
 GiB = 1 << 30
 
 
 def plan_summary(cfg: RunConfig, ranks: int) -> dict:
-    """The load plan's counts for this config at `ranks` ranks (load_plan.summary)."""
+    """The load plan's counts for this config at `ranks` ranks (Layout.summary)."""
     job = cfg.load_job(ranks)
-    return load_plan.summary(cfg.shape, cfg.parallelism, job, cfg.read_size, cfg.checkpoint.share)
+    return cfg.layout.summary(cfg.shape, cfg.parallelism, job, cfg.read_size, cfg.checkpoint.share)
 
 
 def _rank_classes(per_rank: list[dict]) -> list[tuple[list[int], dict]]:
@@ -41,7 +40,7 @@ def plan_lines(s: dict, storage_type: str = "") -> list[str]:
     gib = lambda n: f"{n / GiB:.3f} GiB"  # noqa: E731
     saved = f"saved at {s['saved_ranks']} ranks" + (", resharded" if s["saved_ranks"] != s["ranks"] else "")
     read_kind = "ranged GETs" if storage_type == "s3" else "read requests"
-    what = (f"model load: pattern={s['pattern']}" if s["layout"] == "safetensors"
+    what = (f"model load: pattern={s['pattern']}" if s.get("model_load")
             else f"load plan: restore={s['pattern']} share={s['share']} layout={s['layout']}")
     lines = [f"{what}, {s['ranks']} ranks, {saved}",
              f"  checkpoint           {s['checkpoint_bytes']} bytes ({gib(s['checkpoint_bytes'])}) in "

@@ -26,7 +26,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from dlio_ckpt_ext import plan
 from dlio_ckpt_ext.submission import code_image, edition, fs_separation, provenance, tree
 from dlio_ckpt_ext.config import RunConfig
 from dlio_ckpt_ext.result_files import RECORD_FILE
@@ -90,8 +89,8 @@ def same_as_preset(sub: Submission, cfg: RunConfig) -> list[str]:
     out = [f"{k} is {mine.get(k)!r}; CLOSED requires the preset's {theirs.get(k)!r}"
            for k in sorted(set(mine) | set(theirs)) if mine.get(k) != theirs.get(k)]
     for rank in range(sub.ranks):
-        got = plan.rank_plan(cfg.shape, cfg.parallelism, sub.ranks, rank).files
-        want = plan.rank_plan(preset.shape, preset.parallelism, sub.ranks, rank).files
+        got = cfg.layout.rank_plan(cfg.shape, cfg.parallelism, sub.ranks, rank).files
+        want = preset.layout.rank_plan(preset.shape, preset.parallelism, sub.ranks, rank).files
         if got != want:
             out.append(f"rank {rank} writes {sum(f.size for f in got)} bytes in {len(got)} files; CLOSED requires "
                        f"the preset's {sum(f.size for f in want)} bytes in {len(want)} files")
@@ -111,6 +110,9 @@ def check_closed_rules(sub: Submission, cfg: RunConfig, can_drop_cache: bool, ra
     out += edition.closed_shape_violations(cfg.model.name, sub.ranks, cfg.parallelism.mode == "subset",
                                            [sub.ranks_per_host] * len(sub.hosts))
     out += edition.closed_checkpoint_violations(c.num_checkpoints_write, c.num_checkpoints_read, c.fsync)
+    if not cfg.layout.mlperf_closed:
+        out.append(f"4.6.3 checkpoint.layout={c.layout}: CLOSED writes the reference layout (DeepSpeed's, as "
+                   f"DLIO does); {cfg.layout.framework}'s is OPEN")
     if (c.restore, c.share, c.saved_ranks or sub.ranks) != ("own", "none", sub.ranks):
         out.append(f"4.6.3 checkpoint.restore={c.restore}, share={c.share}, saved_ranks={c.saved_ranks}: CLOSED "
                    "reads back each rank's own files (restore=own, share=none, saved at the same ranks); "
@@ -119,7 +121,7 @@ def check_closed_rules(sub: Submission, cfg: RunConfig, can_drop_cache: bool, ra
         for i, host in enumerate(sub.hosts):
             ranks = range(i * sub.ranks_per_host, (i + 1) * sub.ranks_per_host)
             written = c.num_checkpoints_write * sum(
-                plan.rank_plan(cfg.shape, cfg.parallelism, sub.ranks, r).total_bytes for r in ranks)
+                cfg.layout.rank_plan(cfg.shape, cfg.parallelism, sub.ranks, r).total_bytes for r in ranks)
             if written >= 3 * ram_bytes:
                 continue
             out.append(f"4.3.1 host {host} writes {written / 2**30:.1f} GiB, less than 3x its RAM "
@@ -142,7 +144,7 @@ def check_every_division(sub: Submission, cfg: RunConfig, results: Path) -> list
     different file systems). No folder is made before the run is decided on:
     the probe links the folders' nearest existing parents, which a folder not
     yet made cannot be mounted apart from."""
-    gib = plan.checkpoint_bytes(cfg.shape, cfg.parallelism, sub.ranks) / 2**30
+    gib = cfg.layout.checkpoint_bytes(cfg.shape, cfg.parallelism, sub.ranks) / 2**30
     out = edition.accelerator_violations(sub.accelerator, sub.ranks, gib)
     evidence = probe_file_systems(cfg, results, make_folders=False)
     if evidence and evidence["same_filesystem"]:
@@ -417,7 +419,7 @@ def drop_caches(sub: Submission, extra: list[str]) -> tuple[bool, str]:
 def datasize(sub: Submission, cfg: RunConfig, ram: int) -> None:
     """mlpstorage's `checkpointing datasize`, from the plan's exact bytes."""
     c = cfg.checkpoint
-    per_rank = [plan.rank_plan(cfg.shape, cfg.parallelism, sub.ranks, r).total_bytes for r in range(sub.ranks)]
+    per_rank = [cfg.layout.rank_plan(cfg.shape, cfg.parallelism, sub.ranks, r).total_bytes for r in range(sub.ranks)]
     total = sum(per_rank)
     print(f"[submit] {sub.workload}: {sub.ranks} processes on {len(sub.hosts)} host(s), "
           f"{sub.ranks_per_host} per host")

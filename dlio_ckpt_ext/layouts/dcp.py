@@ -1,0 +1,138 @@
+"""torch.distributed.checkpoint's layout for an FSDP-sharded model (torchtitan):
+`step-{s}/__{rank}_0.distcp`, each rank's row shards of every tensor (the
+parameter, then Adam's two moments), and a `.metadata` that rank 0 writes
+once every rank has finished (DCP's commit). A restore reads `.metadata` on
+every rank, then its data; at another world size each saved item whose rows
+overlap the rank's new rows, whole (DCP's planner and reader)."""
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Iterable
+
+from dlio_ckpt_ext import load_plan, plan
+from dlio_ckpt_ext.errors import ConfigError
+from dlio_ckpt_ext.layouts.base import Layout
+from dlio_ckpt_ext.load_plan import LoadJob, ReadRange
+from dlio_ckpt_ext.plan import ModelShape, Parallelism, RankPlan, ShardFile
+
+#: bytes of DCP's .metadata per (tensor, state entry, rank): an approximation of the
+#: pickled chunk and storage records (offset, length, path, shape) DCP keeps for each
+METADATA_ENTRY_BYTES = 200
+#: what DCP saves per parameter for Adam: the parameter and its two moments
+STATE_ENTRIES = 3
+
+
+def bytes_per_parameter(m: ModelShape) -> int:
+    """Parameter plus Adam's two moments, no separate master copy (torchtitan
+    trains in fp32 with mixed precision only in compute): 4 + 2 x 4 = 12 for fp32."""
+    return (plan.dtype_bytes("model.model_datatype", m.model_datatype)
+            + 2 * plan.dtype_bytes("model.optimizer_datatype", m.optimizer_datatype))
+
+
+def rows_held(rows: int, world: int, rank: int) -> tuple[int, int]:
+    """[first, end) rows of a tensor's dim 0 that `rank` holds under FSDP."""
+    first = rank * -(-rows // world)
+    return first, first + plan.fsdp_rows(rows, world, rank)
+
+
+@lru_cache(maxsize=4096)
+def items(m: ModelShape, world: int, rank: int) -> list[tuple[int, int, int, int, int]]:
+    """The items of rank's `__{rank}_0.distcp` at world size `world`, in file
+    order: (tensor index, first row, rows, offset, length). The model's
+    parameters first, then the optimizer's two moments of each parameter, as a
+    torchtitan state dict lists them ({"model": ..., "optimizer": ...})."""
+    mbytes, obytes = (plan.DTYPE_BYTES[m.model_datatype], plan.DTYPE_BYTES[m.optimizer_datatype])
+    tensors = plan.dcp_tensors(m)
+    out, offset = [], 0
+    for dtype_bytes, entries in ((mbytes, 1), (obytes, 2)):
+        for t, (rows, cols) in enumerate(tensors):
+            mine = plan.fsdp_rows(rows, world, rank)
+            if not mine:
+                continue
+            first = rank * -(-rows // world)
+            for _ in range(entries):
+                length = mine * cols * dtype_bytes
+                out.append((t, first, mine, offset, length))
+                offset += length
+    return out
+
+
+class DCP(Layout):
+    name = "dcp"
+    committed = True
+    framework = "torch.distributed.checkpoint"
+
+    def checkpoint_dir(self, step: int, epoch: int = 1) -> str:
+        return f"step-{step}"
+
+    def check(self, m: ModelShape, p: Parallelism, comm_size: int) -> None:
+        for key, val in (("model.parallelism.tensor", p.tensor), ("model.parallelism.pipeline", p.pipeline)):
+            if val != 1:
+                raise ConfigError(key, val, "1 with checkpoint.layout dcp (FSDP shards every tensor "
+                                            "across all ranks; tensor/pipeline layouts are not planned)")
+
+    def plan_rank(self, m: ModelShape, p: Parallelism, world: int, rank: int) -> RankPlan:
+        world = p.data if p.mode == "subset" else world
+        tensors = plan.dcp_tensors(m)
+        elements = sum(plan.fsdp_rows(rows, world, rank) * cols for rows, cols in tensors)
+        files = (ShardFile(f"__{rank}_0.distcp", elements * bytes_per_parameter(m), "state"),)
+        commit = ()
+        if rank == 0:
+            commit = (ShardFile(".metadata", METADATA_ENTRY_BYTES * STATE_ENTRIES * len(tensors) * world,
+                                "metadata"),)
+        return RankPlan(rank, rank, 0, 0, 0, files, commit)
+
+    def metadata_reads(self, m: ModelShape, p: Parallelism, job: LoadJob) -> list[ReadRange]:
+        """.metadata, read whole by every rank before its data (DCP's read_metadata)."""
+        return [load_plan.whole(f, 0) for f in self.saved(m, p, job, 0).commit_files]
+
+    def framework_reads(self, m: ModelShape, p: Parallelism, job: LoadJob, rank: int) -> list[ReadRange]:
+        if not job.resharded:
+            return self.metadata_reads(m, p, job) + [load_plan.whole(f, rank) for f in self.saved(m, p, job, rank).files]
+        return self.metadata_reads(m, p, job) + self._resharded(m, p, job, rank)
+
+    def _resharded(self, m: ModelShape, p: Parallelism, job: LoadJob, rank: int) -> list[ReadRange]:
+        """Every saved item whose rows overlap this rank's new rows, whole (DCP's
+        planner asks for the overlap, its reader loads each saved item it touches
+        whole and narrows it in memory), in saved rank and file order. Decided per
+        distinct tensor shape (a layer's tensors repeat num_layers times): a saved
+        file all of whose items are touched is one range, without walking them."""
+        new_world, old_world = job.ranks, job.saved_ranks
+        shapes = sorted(set(plan.dcp_tensors(m)))
+        wanted = {shape: rows_held(shape[0], new_world, rank) for shape in shapes}
+        candidates = sorted({s for (rows, _), (lo, hi) in wanted.items() if hi > lo
+                             for s in range(lo // -(-rows // old_world), (hi - 1) // -(-rows // old_world) + 1)})
+        tensors = plan.dcp_tensors(m)
+        out: list[ReadRange] = []
+        for s in candidates:
+            f = self.saved(m, p, job, s).files[0]
+            held = {shape: rows_held(shape[0], old_world, s) for shape in shapes}
+            touched = {shape for shape in shapes
+                       if held[shape][0] < held[shape][1] and held[shape][0] < wanted[shape][1]
+                       and wanted[shape][0] < held[shape][1]}
+            if all(shape in touched for shape in shapes if held[shape][0] < held[shape][1]):
+                out.append(load_plan.whole(f, s))
+                continue
+            out += load_plan.coalesce(ReadRange(f.name, offset, length, s, f.size)
+                                      for t, _, _, offset, length in items(m, old_world, s)
+                                      if tensors[t] in touched)
+        return out
+
+    def candidate_readers(self, m: ModelShape, p: Parallelism, job: LoadJob, r: ReadRange) -> Iterable[int]:
+        if job.pattern == "own":
+            return super().candidate_readers(m, p, job, r)
+        if not job.resharded:
+            return [r.writer]
+        found: set[int] = set()  # the new ranks whose rows meet the saved rank's, in any tensor
+        for rows, _ in set(plan.dcp_tensors(m)):
+            lo, hi = rows_held(rows, job.saved_ranks, r.writer)
+            if hi > lo:
+                per = -(-rows // job.ranks)
+                found.update(range(lo // per, min(job.ranks, (hi - 1) // per + 1)))
+        return sorted(found)
+
+    def reads_inside_files(self, job: LoadJob) -> bool:
+        return job.pattern != "own" and job.resharded
+
+
+LAYOUT = DCP()

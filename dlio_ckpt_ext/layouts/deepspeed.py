@@ -1,0 +1,124 @@
+"""DeepSpeed's layout, sized as upstream DLIO sizes it, so a run of ours writes
+exactly the bytes an upstream DLIO run would (and MLPerf Storage's CLOSED
+runs): `global_epoch{e}_step{s}/zero_pp_rank_{dp}_mp_rank_{mp:02d}_{model,optim}_states.pt`
+(ZeRO-1/2: the model states once per model-parallel rank, by data-parallel
+rank 0; with pipeline stages one file per layer). Restores follow DeepSpeed's
+loader and its universal checkpoint (docs/restores.md)."""
+from __future__ import annotations
+
+from dlio_ckpt_ext import load_plan, plan
+from dlio_ckpt_ext.layouts.base import Layout
+from dlio_ckpt_ext.load_plan import LoadJob, ReadRange
+from dlio_ckpt_ext.plan import ModelShape, Parallelism, RankPlan, ShardFile
+
+
+def layer_elements(m: ModelShape, layer: int, tp: int, shard: int) -> int:
+    """Elements of one pipeline position (plan.layer_range's numbering) on one
+    tensor-parallel rank, split `shard` ways: upstream DLIO's formula."""
+    h, f = m.hidden_size, m.ffn_hidden_size
+    if layer in (0, m.num_layers + 1):  # embedding, lm_head
+        return h * m.vocab_size // tp // shard
+    if layer == m.num_layers + 2:  # final norm
+        return h // shard
+    dkv = (h // m.num_attention_heads) * m.num_kv_heads
+    return (h // shard + h * (h + 2 * dkv) // tp // shard + h * h // tp // shard
+            + h // shard + 2 * h * f // tp // shard + h * f // tp // shard)
+
+
+class DeepSpeed(Layout):
+    name = "deepspeed"
+    framework = "DeepSpeed"
+    mlperf_closed = True
+
+    def checkpoint_dir(self, step: int, epoch: int = 1) -> str:
+        return f"global_epoch{epoch}_step{step}"
+
+    def plan_rank(self, m: ModelShape, p: Parallelism, world: int, rank: int) -> RankPlan:
+        tp, pp = p.tensor, p.pipeline
+        mp = tp * pp
+        dp = p.data if p.mode == "subset" else world // mp
+        pp_rank, tp_rank = (rank // tp) % pp, rank % tp
+        dp_rank, mp_rank = rank // mp, rank % mp
+        mbytes = plan.dtype_bytes("model.model_datatype", m.model_datatype)
+        obytes = plan.dtype_bytes("model.optimizer_datatype", m.optimizer_datatype)
+        shard = dp if p.zero_stage == 3 else 1
+        prefix = f"zero_pp_rank_{dp_rank}_mp_rank_{mp_rank:02d}"
+
+        files: list[ShardFile] = []
+        # Without ZeRO only the first data-parallel replica checkpoints anything.
+        if p.zero_stage == 0 and rank >= mp:
+            return RankPlan(rank, dp_rank, mp_rank, pp_rank, tp_rank, ())
+        start, end = plan.layer_range(pp_rank, pp, m.num_layers)
+        layers = range(start, end + 1)
+        if p.zero_stage in (1, 2):
+            if dp_rank == 0:
+                if pp > 1:
+                    files += [ShardFile(f"layer_{i:02d}-model_{mp_rank:02d}-model_states.pt",
+                                        layer_elements(m, i, tp, 1) * mbytes, "model") for i in layers]
+                else:
+                    size = sum(layer_elements(m, i, tp, 1) for i in layers) * mbytes
+                    files.append(ShardFile(f"mp_rank_{mp_rank:02d}_model_states.pt", size, "model"))
+        else:
+            size = sum(layer_elements(m, i, tp, shard) for i in layers) * mbytes
+            files.append(ShardFile(f"{prefix}_model_states.pt", size, "model"))
+
+        n = plan.num_parameters(m) // (dp * mp if p.zero_stage > 0 else mp)
+        if n > 0:
+            # Adam: parameters, momentum, variance, each with 5*h of bookkeeping.
+            files.append(ShardFile(f"{prefix}_optim_states.pt", (3 * n + 15 * m.hidden_size) * obytes,
+                                   "optimizer"))
+        return RankPlan(rank, dp_rank, mp_rank, pp_rank, tp_rank, tuple(files))
+
+    def framework_reads(self, m: ModelShape, p: Parallelism, job: LoadJob, rank: int) -> list[ReadRange]:
+        return self._model_states(m, p, job, rank) + self._optimizer(m, p, job, rank)
+
+    def _model_states(self, m: ModelShape, p: Parallelism, job: LoadJob, rank: int) -> list[ReadRange]:
+        """The model-states files DeepSpeed's _load_checkpoint reads on `rank`.
+        Without pipeline stages: the sorted glob of its family's model-states files
+        (_get_all_ckpt_names) goes to SDLoaderFactory, whose check_ckpt_list loads
+        the first, model-parallel rank 0's, whole before load() reads this rank's
+        own: two files (the same one twice on model-parallel rank 0). ZeRO-0/1/2:
+        the files data-parallel rank 0 wrote, so every replica reads them; ZeRO-3:
+        its own data-parallel rank's (at another world size universal loading
+        reads data-parallel rank 0's). With pipeline stages every replica loads
+        every layer file of its stage (PipelineModule.load_state_dir)."""
+        mp = p.tensor * p.pipeline
+        mp_rank, dp_rank = rank % mp, rank // mp
+        if p.pipeline > 1:
+            return [load_plan.whole(f, mp_rank) for f in self.saved(m, p, job, mp_rank).files if f.kind == "model"]
+        dp_writer = dp_rank * mp if p.zero_stage == 3 and not job.resharded else 0
+        out = []
+        for writer in (dp_writer, dp_writer + mp_rank):
+            out += [load_plan.whole(f, writer) for f in self.saved(m, p, job, writer).files if f.kind == "model"]
+        return out
+
+    def _optimizer(self, m: ModelShape, p: Parallelism, job: LoadJob, rank: int) -> list[ReadRange]:
+        """The optimizer partitions `rank` reads. At the saved world size its own
+        (_get_all_zero_checkpoint_state_dicts loads only the rank's own unless
+        elastic_checkpoint is set; ZeRO-0 keeps them with the first replica's
+        model states). At another one DeepSpeed refuses every ZeRO checkpoint
+        (_load_zero_checkpoint: "not currently supported") but its universal one,
+        which we emulate on the saved files, by bytes: ZeRO-3 loads every
+        parameter's whole optimizer state on every rank
+        (load_hp_checkpoint_state_from_checkpoint_dir_stage3), so a rank reads
+        every saved partition; ZeRO-1/2 loads the parameters overlapping its new
+        partition whole, so a rank reads the saved partitions of its
+        model-parallel rank that overlap its new flat range."""
+        mp = p.tensor * p.pipeline
+        mp_rank, dp_rank = rank % mp, rank // mp
+        if p.zero_stage == 0:
+            writers = [mp_rank]
+        elif not job.resharded:
+            writers = [rank]
+        elif p.zero_stage == 3:
+            writers = list(range(job.saved_ranks))
+        else:
+            old_dp, new_dp = job.saved_ranks // mp, job.ranks // mp
+            # flat ranges in units of 1 / (old_dp * new_dp) of the model-parallel rank's parameters
+            lo, hi = dp_rank * old_dp, (dp_rank + 1) * old_dp
+            writers = [d * mp + mp_rank for d in range(old_dp) if d * new_dp < hi and lo < (d + 1) * new_dp]
+        return [load_plan.whole(f, w) for w in writers for f in self.saved(m, p, job, w).files
+                if f.kind == "optimizer"]
+
+
+LAYOUT = DeepSpeed()
