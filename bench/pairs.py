@@ -46,3 +46,17 @@ def check_pairs(parser, pairs: int) -> None:
     """Refuse a pair count that would not give both orders equally often."""
     if pairs < 2 or pairs % 2:
         parser.error("--pairs must be even and >= 2: as many pairs with ours first as with the reference first")
+
+
+def interleaved(count: int, label: str, ours, reference, nbytes: int) -> OrderedRatios:
+    """A warm-up of each, then `count` pairs alternating which runs first; ours()
+    and reference() return their seconds for `nbytes`. Prints every pair."""
+    ours(), reference()
+    ratios = OrderedRatios()
+    for i in range(count):
+        first = i % 2 == 0
+        a, b = (ours(), reference()) if first else (reference(), ours())[::-1]
+        ratios.add(first, b / a)  # throughput ours / raw = raw seconds / our seconds
+        print(f"  {label}: pair {i + 1} ({'ours' if first else 'raw'} first): ours {nbytes / 2**30 / a:.3f} GiB/s, "
+              f"raw {nbytes / 2**30 / b:.3f} GiB/s", flush=True)
+    return ratios

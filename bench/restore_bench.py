@@ -35,7 +35,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from bench_servers import link_of, seaweedfs  # noqa: E402
 from bench_table import BenchTable  # noqa: E402
-from pairs import OrderedRatios, check_pairs  # noqa: E402
+from pairs import check_pairs, interleaved  # noqa: E402
 
 from omegaconf import OmegaConf  # noqa: E402
 
@@ -43,7 +43,6 @@ from dlio_ckpt_ext.checkpoint.checkpointer import Checkpointer  # noqa: E402
 from dlio_ckpt_ext.config import load_config  # noqa: E402
 from dlio_ckpt_ext.engine.buffers import PAGE, allocate  # noqa: E402
 
-GiB = float(1 << 30)
 BUCKET = "restorebench"
 #: (label, layout, parallelism, saved ranks, loading ranks, loading rank, pattern)
 PATTERNS = [
@@ -159,30 +158,28 @@ def measure(args, root: str, storage_type: str, label: str, layout: str, paralle
         assert got == nbytes, (got, nbytes)
         return time.perf_counter() - t0
 
-    ours(), reference()  # warm-up
-    ratios = OrderedRatios()
-    for i in range(args.pairs):
-        first = i % 2 == 0
-        a, b = (ours(), reference()) if first else (reference(), ours())[::-1]
-        ratios.add(first, b / a)  # throughput ours / raw = raw seconds / our seconds
-        print(f"  {label}: pair {i + 1} ({'ours' if first else 'raw'} first): ours {nbytes / GiB / a:.3f} GiB/s, "
-              f"raw {nbytes / GiB / b:.3f} GiB/s", flush=True)
+    ratios = interleaved(args.pairs, label, ours, reference, nbytes)
     ck.close()
     return {"bytes": nbytes, "ranges": len(reads), "ratio": ratios, "in_flight": cfg.read_parallelism}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--storage", default="local,remote", help="local (O_DIRECT on --dir), remote (the emulated link)")
-    ap.add_argument("--link", default="10:40", help="latency_ms:MB_per_s per connection of the remote link")
+def model_options(ap: argparse.ArgumentParser, bench: str) -> argparse.ArgumentParser:
+    """The options of a bench over a scaled-down model's checkpoint on a scratch disk."""
     ap.add_argument("--pairs", type=int, default=4, help="an even number: as many pairs with each order")
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--hidden", type=int, default=1024)
     ap.add_argument("--vocab", type=int, default=32000)
     ap.add_argument("--read-size", type=int, default=8 << 20)
     ap.add_argument("--dir", help="scratch directory on the disk to measure (default: a temporary one)")
-    ap.add_argument("--json", help="also save the table here (bench/results/restore_bench.json for the docs)")
-    args = ap.parse_args()
+    ap.add_argument("--json", help=f"also save the table here (bench/results/{bench}.json for the docs)")
+    return ap
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--storage", default="local,remote", help="local (O_DIRECT on --dir), remote (the emulated link)")
+    ap.add_argument("--link", default="10:40", help="latency_ms:MB_per_s per connection of the remote link")
+    args = model_options(ap, "restore_bench").parse_args()
     check_pairs(ap, args.pairs)
     table = BenchTable("restore_bench", "Restores: each pattern's reads through our engine against raw reads of "
                        f"the same ranges with the same requests in flight, order-balanced ratio of {args.pairs} "

@@ -92,6 +92,9 @@ class CheckpointConfig:
     # broadcast: the ranks reading the same range split it, each reads its part
     # from storage and broadcasts it over MPI in read_size pieces
     share: str = "none"                           # none | broadcast
+    # orbax: replicas of the FSDP-sharded state (MaxText's dcn_data_parallelism:
+    # slices); each rank shards with world / replicas others (docs/layouts.md)
+    replicas: int = 1
     keep_files: bool = True                       # False: delete the checkpoints after the run
     checkpoint_mechanism_classname: str = MECHANISM_CLASS  # the class DLIO loads: this package's
     # DLIO 2.0.0 reads these for its training-loop checkpoints; accepted so a
@@ -415,7 +418,7 @@ def load_config(workload: DictConfig | dict, comm_size: int) -> RunConfig:
     par = plan.Parallelism(m.parallelism.tensor, m.parallelism.pipeline, m.parallelism.zero_stage,
                            m.parallelism.data, c.mode, c.layout,
                            safetensors_plan.parse_shard_size("workload.model_load.max_shard_size",
-                                                             s.model_load.max_shard_size))
+                                                             s.model_load.max_shard_size), c.replicas)
     cfg = RunConfig(s, shape, par, chunk, read_size)
     try:
         layout.validate(shape, par, comm_size)

@@ -39,6 +39,8 @@ class Parallelism:
     layout: str = "deepspeed"
     #: safetensors: the largest shard (Hugging Face's max_shard_size)
     max_shard_size: int = safetensors_plan.DEFAULT_MAX_SHARD
+    #: orbax: replicas of the FSDP-sharded state (MaxText's data-parallel slices)
+    replicas: int = 1
 
 
 @dataclass(frozen=True)

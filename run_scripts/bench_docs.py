@@ -29,6 +29,8 @@ BENCHES = {
     "cloud_bench": "Azure Blob and GCS against each cloud's own SDK",
     "restore_bench": "restores: each load pattern against raw reads of the same ranges",
     "model_load_bench": "model loads: each pattern against the real loader it emulates",
+    "layout_bench": "layouts: Megatron-LM's and Orbax's save and load against raw I/O",
+    "zstd_ratio": "zstd on checkpoint tensors: what Orbax stores",
     "trace_bench": "tracing cost",
     "scale_bench": "requests, start-up, end and output size as the ranks grow",
     "cpu_bench": "client CPU per GiB against raw references",

@@ -121,3 +121,20 @@ def test_each_folder_holds_one_layer():
                        if layer not in FOLDER_LAYERS.get(folder_of(m), set()))
     assert misplaced == []
     assert set(FOLDER_LAYERS) - {""} == {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file()}
+
+
+#: a layout's name compared, or a layout named among values tested against
+_LAYOUT_COMPARED = re.compile(r"""(layout\w*\s*(==|!=|\bin\b|\bnot in\b))|((==|!=)\s*["'](%s)["'])"""
+                              % "|".join(("deepspeed", "dcp", "safetensors", "megatron", "orbax")))
+
+
+def test_nothing_outside_the_layouts_compares_a_layouts_name():
+    """A new layout is one module (dlio_ckpt_ext/layouts/): the rest of the package asks
+    the layout object the registry returns, never which layout it is."""
+    found = [f"{p.relative_to(REPO)}:{i}: {line.strip()}" for p in sorted(PACKAGE.rglob("*.py"))
+             if "layouts" not in p.relative_to(PACKAGE).parts
+             for i, line in enumerate(p.read_text().splitlines(), 1)
+             if _LAYOUT_COMPARED.search(line.split("#", 1)[0])]
+    assert found == []
+    assert _LAYOUT_COMPARED.search('if cfg.checkpoint.layout == "dcp":')  # the check can fail
+    assert _LAYOUT_COMPARED.search('if p.layout not in COMMITTED:') and _LAYOUT_COMPARED.search('x != "orbax"')

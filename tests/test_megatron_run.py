@@ -7,7 +7,7 @@ from conftest import BUCKET
 from dlio_ckpt_ext import layouts
 from dlio_ckpt_ext.tools.presets import compose_config
 from dlio_run import SHRINK, run_dlio
-from test_restore_run import SAVE_ONLY, framework, loaded, plan_counts
+from test_restore_run import SAVE_ONLY, framework, loaded, restored_as_planned
 
 pytestmark = pytest.mark.e2e  # each test starts DLIO (conftest.py)
 
@@ -58,13 +58,7 @@ def test_a_checkpoint_saved_by_2_ranks_on_s3_restored_at_4_with_the_planned_requ
         f"iter_0000001/{name}": size for name, size in planned_files(2).items()}
     tracker = s3.client().get_object(Bucket=BUCKET, Key="megatron/dp2/latest_checkpointed_iteration.txt")
     assert tracker["Body"].read() == b"1"
-    before = s3.request_counts()
-    run = run_dlio(tmp_path, 4, PRESET, *common, *framework(2), env=s3.env(), checkpoint_folder="dp2")
-    assert run.returncode == 0, run.stderr[-3000:]
-    gets = s3.request_counts().get("GET 206", 0) - before.get("GET 206", 0)
-    plan = plan_counts(PRESET, 4, *SHRINK, *framework(2))
-    assert gets == plan["storage_requests"], (gets, plan["storage_requests"])
-    assert run.record()["load"]["per_checkpoint"][0]["bytes"] == plan["bytes_read"]
+    run = restored_as_planned(s3, tmp_path, PRESET, 4, 2, common, "dp2")
     # every rank: .metadata and metadata.json whole, then parts of the two saved files
     assert all([n for n, _ in rank][:2] == [".metadata", "metadata.json"] for rank in loaded(run))
     assert layouts.get("megatron").reads_inside_files(compose_config(PRESET, [*SHRINK, *framework(2)], 4).load_job(4))

@@ -44,6 +44,19 @@ def plan_counts(workload: str, ranks: int, *overrides: str) -> dict:
         return json.loads(open(out.name).read())
 
 
+def restored_as_planned(s3, tmp_path, workload: str, ranks: int, saved: int, common: list[str], folder: str):
+    """A restore=framework run at `ranks` of a checkpoint saved at `saved` on S3, verified:
+    the server's ranged GETs and the bytes read are the plan command's."""
+    before = s3.request_counts()
+    run = run_dlio(tmp_path, ranks, workload, *common, *framework(saved), env=s3.env(), checkpoint_folder=folder)
+    assert run.returncode == 0, run.stderr[-3000:]
+    gets = s3.request_counts().get("GET 206", 0) - before.get("GET 206", 0)
+    plan = plan_counts(workload, ranks, *SHRINK, *framework(saved))
+    assert gets == plan["storage_requests"], (gets, plan["storage_requests"])
+    assert run.record()["load"]["per_checkpoint"][0]["bytes"] == plan["bytes_read"]
+    return run
+
+
 @pytest.fixture(scope="module")
 def dcp_saved_at_4(tmp_path_factory):
     """A DCP checkpoint of the scaled-down torchtitan preset, saved by 4 ranks."""

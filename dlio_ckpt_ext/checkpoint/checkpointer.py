@@ -117,6 +117,12 @@ class Checkpointer:
     def directory(self, step: int, epoch: int = 1) -> str:
         return self.layout.checkpoint_dir(step, epoch)
 
+    def write_dir(self, step: int, epoch: int = 1) -> str:
+        """Where a save writes its files: the layout's temporary folder, renamed to
+        directory() by the commit, on storage with directories; else directory()."""
+        staging = self.layout.staging_dir(step, epoch) if self.backend.has_directories else None
+        return staging or self.directory(step, epoch)
+
     def source_rank(self) -> int:
         """Whose files this rank loads: with recovery_rank_shift, a rank on
         another node, so no node reads back what its own page cache holds."""
@@ -190,6 +196,8 @@ class Checkpointer:
 
     def prepare(self) -> None:
         self.backend.prepare("")
+        if self.rank == 0:
+            self._refuse_renaming_onto_a_checkpoint()
         # allocated and touched now, outside every timed window
         if self.cfg.checkpoint.num_checkpoints_write:
             self.write_buffers()
@@ -203,20 +211,36 @@ class Checkpointer:
             if self.shares():
                 self.share_buffers()
 
+    def _refuse_renaming_onto_a_checkpoint(self) -> None:
+        """A layout committed by a rename (Orbax) cannot rename onto a step an
+        earlier run left: said before anything is written, naming the folder."""
+        for step in range(1, self.cfg.checkpoint.num_checkpoints_write + 1):
+            final = self.directory(step)
+            if self.write_dir(step) != final and self.backend.children(final):
+                raise StorageError(f"{self.backend.uri(final)} holds a checkpoint: {self.layout.framework} commits "
+                                   f"step {step} by renaming its temporary folder to it; remove it or choose "
+                                   "another checkpoint_folder")
+
     def _prepare(self, directory: str, barrier: Optional[Callable[[], None]]) -> None:
-        """The checkpoint's directory, made by rank 0 while the others wait at
-        `barrier` (a metadata server sees one mkdir, not one per rank); without
-        a barrier each rank that writes makes it. Object stores need none."""
+        """The checkpoint's directory and the layout's folders in it, made by rank 0
+        while the others wait at `barrier` (a metadata server sees one mkdir each,
+        not one per rank); without a barrier each rank that writes makes them.
+        Object stores need none."""
         if not self.backend.has_directories:
             return
         if barrier is None:
             mine = self.rank_plan(self.rank)
             if mine.files or mine.commit_files:
-                self.backend.prepare(directory)
+                self._make_dirs(directory)
             return
         if self.rank == 0:
-            self.backend.prepare(directory)
+            self._make_dirs(directory)
         barrier()
+
+    def _make_dirs(self, directory: str) -> None:
+        for d in [directory] + [f"{directory}/{sub}" for sub in self.layout.subdirs(
+                self.cfg.shape, self.cfg.parallelism, self.job.saved_ranks)]:
+            self.backend.prepare(d)
 
     def _spans(self, step: int) -> Optional[SpanSink]:
         return self.tracer.chunk_sink(step) if self.tracer else None
@@ -229,16 +253,17 @@ class Checkpointer:
         return files
 
     def _save_generated(self, directory: str, files: tuple[plan.ShardFile, ...], progress: Progress,
-                        step: int) -> list[FileStats]:
+                        step: int, into: Optional[str] = None) -> list[FileStats]:
         """Generate and write `files` in order. Where the storage lends each upload
         its own memory (S3), a file is closed only once the next concurrent_files
         - 1 files' bytes were sent, so its last parts upload while they start;
-        on any failure every file still open is aborted."""
+        on any failure every file still open is aborted. `into`: the folder the
+        files go in when it is not their checkpoint's directory (a temporary one)."""
         window = FileWindow(self.cfg.concurrent_files if self.backend.lends_write_memory else 1)
         saved = []
         try:
             for f in files:
-                closed = send_file(self.backend, self._named(f"{directory}/{f.name}"), f.size,
+                closed = send_file(self.backend, self._named(f"{into or directory}/{f.name}"), f.size,
                                    self.content(directory, self.rank, f.name), self.write_buffers(),
                                    self.gen_threads, progress, window, self._spans(step))
                 saved += self._traced(step, "save", self._observed(closed, step))
@@ -260,17 +285,20 @@ class Checkpointer:
         return closed
 
     def _commit(self, directory: str, barrier: Optional[Callable[[], None]], progress: Progress,
-                step: int) -> list[FileStats]:
+                step: int, into: Optional[str] = None) -> list[FileStats]:
         """The layout's commit (DCP's): once every rank has finished its files,
         rank 0 writes the commit files (.metadata, an index), and the save
         returns on every rank only after that (DCP's all_reduce of the write
-        results). A checkpoint counts as saved then."""
+        results); a checkpoint written into a temporary folder is renamed to its
+        directory then (Orbax's). A checkpoint counts as saved then."""
         if not self.layout.committed:
             return []
         if barrier:
             barrier()
         commit = self.rank_plan(self.rank).commit_files
-        saved = self._save_generated(directory, commit, progress, step)
+        saved = self._save_generated(directory, commit, progress, step, into)
+        if commit and into and into != directory:
+            self.backend.rename(into, directory)
         tracker = self.layout.tracker(step)
         if commit and tracker:  # the save root's pointer to the last whole checkpoint, last of all
             self.backend.write_marker(*tracker)
@@ -282,10 +310,10 @@ class Checkpointer:
              barrier: Optional[Callable[[], None]] = None) -> list[FileStats]:
         """Generate and write this rank's files; with a committed layout,
         `barrier` (every rank's) brackets the commit."""
-        directory = self.directory(step, epoch)
-        self._prepare(directory, barrier)
-        return self._save_generated(directory, self.files(self.rank), progress, step) + \
-            self._commit(directory, barrier, progress, step)
+        directory, into = self.directory(step, epoch), self.write_dir(step, epoch)
+        self._prepare(into, barrier)
+        return self._save_generated(directory, self.files(self.rank), progress, step, into) + \
+            self._commit(directory, barrier, progress, step, into)
 
     def stage(self, step: int, epoch: int = 1) -> dict:
         """Async mode, the part that blocks training: this rank's state copied
@@ -304,17 +332,17 @@ class Checkpointer:
     def persist(self, step: int, epoch: int = 1, progress: Progress = None,
                 barrier: Optional[Callable[[], None]] = None) -> list[FileStats]:
         """Async mode, in the background: write the staged files, then commit."""
-        directory = self.directory(step, epoch)
-        self._prepare(directory, barrier)
+        directory, into = self.directory(step, epoch), self.write_dir(step, epoch)
+        self._prepare(into, barrier)
         area = self.staging_area()
         saved = []
         for f in self.files(self.rank):
-            stats = write_from_memory(self.backend, f"{directory}/{f.name}", area.view(f.name), self.cfg.chunk_size,
+            stats = write_from_memory(self.backend, f"{into}/{f.name}", area.view(f.name), self.cfg.chunk_size,
                                       progress, self._spans(step))
             # its content was generated while staging: the report's generation figure
             stats.fill_s, stats.gen_threads = self.staged_fill_s.get(f.name, 0.0), self.gen_threads
             saved += self._traced(step, "save", [stats])
-        return saved + self._commit(directory, barrier, progress, step)
+        return saved + self._commit(directory, barrier, progress, step, into)
 
     def load(self, step: int, epoch: int = 1, progress: Progress = None) -> list[FileStats]:
         """Read this rank's ranges of checkpoint `step` (load_plan), each
@@ -332,7 +360,8 @@ class Checkpointer:
                 continue
             group = self.sharer(members)
             for r in ranges:
-                owner = self.layout.read_owner(self.cfg.parallelism, self.job, self.rank, r, self.reads())
+                owner = self.layout.read_owner(self.cfg.shape, self.cfg.parallelism, self.job, self.rank, r,
+                                               self.reads())
                 if owner is not None:  # one member reads the range whole for all (fastsafetensors)
                     owner = members.index(owner)
                 out += self._share_range(directory, r, group, step, progress, owner)
@@ -409,8 +438,12 @@ class Checkpointer:
     def remove_empty_dirs(self, steps: list[int], epoch: int = 1) -> None:
         """After every rank's remove_written, on one rank: the step directories that
         left empty (never one holding files this run did not write)."""
+        subdirs = self.layout.subdirs(self.cfg.shape, self.cfg.parallelism, self.job.saved_ranks)
         for step in steps:
-            self.backend.remove_empty_dir(self.directory(step, epoch))
+            directory = self.directory(step, epoch)
+            for sub in reversed(subdirs):
+                self.backend.remove_empty_dir(f"{directory}/{sub}")
+            self.backend.remove_empty_dir(directory)
 
     def close(self) -> None:
         for pool in (self.pool, self.read_pool, self.staging):

@@ -46,14 +46,18 @@ class _Failure:
         self.exc = exc
 
 
-def run(pool: BufferPool, producers: list[Producer], consume: Consumer) -> list[Chunk]:
+def run(pool: BufferPool, producers: list[Producer], consume: Consumer, inline: bool = False) -> list[Chunk]:
     """Run the producers (one thread each) against one consumer (this thread).
 
     Returns the chunk records in consumption order. The first exception of any
-    stage stops every stage and is re-raised here.
+    stage stops every stage and is re-raised here. inline: one producer, run
+    in this thread, each chunk consumed as it is made: for a single request,
+    where a thread and two queues only cost (a chunked restore reads many).
     """
     if not pool.buffers:
         raise ValueError("the pipeline needs a pool with at least one buffer")
+    if inline:
+        return _run_inline(memoryview(pool.buffers[0]), producers, consume)
     free: queue.Queue = queue.Queue()
     filled: queue.Queue = queue.Queue()
     for buf in pool.buffers:
@@ -109,3 +113,19 @@ def run(pool: BufferPool, producers: list[Producer], consume: Consumer) -> list[
         for t in threads:
             t.join()
     return chunks
+
+
+def _run_inline(buf: memoryview, producers: list[Producer], consume: Consumer) -> list[Chunk]:
+    (produce,) = producers
+    chunks: list[Chunk] = []
+    while True:
+        t0 = time.perf_counter()
+        chunk = produce(buf)
+        t1 = time.perf_counter()
+        if chunk is None:
+            return chunks
+        chunk.produce_s, chunk.buffer, chunk.produced_at = t1 - t0, buf, time.time()
+        consume(chunk)
+        chunk.consume_s, chunk.done_at = time.perf_counter() - t1, time.time()
+        chunk.buffer, chunk.data = None, None
+        chunks.append(chunk)

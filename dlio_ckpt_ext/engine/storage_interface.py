@@ -55,6 +55,12 @@ class Reader(ABC):
         size is a multiple of the page size) so direct I/O can round up.
         """
 
+    def read_view(self, offset: int, buf: memoryview, length: int) -> memoryview:
+        """Read up to length bytes at offset using buf's memory; the bytes read,
+        wherever in buf they landed (a reader may leave them where it read them
+        rather than move them to buf's start)."""
+        return buf[:self.readinto(offset, buf, length)]
+
     def close(self) -> None:
         pass
 
@@ -115,6 +121,10 @@ class Backend(ABC):
 
     def remove_empty_dir(self, directory: str) -> None:
         """Remove directory if it is empty (object stores have none)."""
+
+    def rename(self, src: str, dst: str) -> None:
+        """Rename directory src to dst, on storage with directories (a commit by rename)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot rename {src}")
 
     def write_concurrency(self, chunk_size: int) -> dict:
         """Writes in flight per rank: the engine writes each file's chunks in order."""

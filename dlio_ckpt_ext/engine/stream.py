@@ -249,7 +249,8 @@ def send_file(backend: Backend, path: str, size: int, content: ContentSpec, pool
                 written(c.offset, c.nbytes, started)
             if progress:
                 progress(c.nbytes)
-        return pipeline.run(pool, [_sequential(0, size, pool.buffer_size, fill)], write)
+        # a file of one chunk cannot overlap its fill and write: no thread for it
+        return pipeline.run(pool, [_sequential(0, size, pool.buffer_size, fill)], write, size <= pool.buffer_size)
     return _send(backend, path, size, send, "producer", window or FileWindow(), gen_threads)
 
 
@@ -328,8 +329,8 @@ def load_file(backend: Backend, path: str, size: int, pool: BufferPool,
 
         def read(buf: memoryview, offset: int, n: int) -> Optional[memoryview]:
             started = time.time() if was_read else 0.0
-            data = reader.read(offset, n) if reader.lends_memory else None
-            got = len(data) if data is not None else reader.readinto(offset, buf, n)
+            data = reader.read(offset, n) if reader.lends_memory else reader.read_view(offset, buf, n)
+            got = len(data)
             if was_read:
                 was_read(offset, got, started)
             if got != n:
@@ -361,7 +362,8 @@ def load_file(backend: Backend, path: str, size: int, pool: BufferPool,
                 deliver(c.offset, (c.data if c.data is not None else c.buffer)[:c.nbytes])
             if progress:
                 progress(c.nbytes)
-        chunks = pipeline.run(pool, [_sequential(s, e, request, read, cuts) for s, e in ranges], consume)
+        single = len(ranges) == 1 and not cuts and end - offset <= request - offset % request
+        chunks = pipeline.run(pool, [_sequential(s, e, request, read, cuts) for s, e in ranges], consume, single)
         if reader.lends_memory and reader.size != size:  # asked for while the reads ran
             raise VerificationError(f"{backend.uri(path)} has {reader.size} bytes, expected {size}")
     finally:

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from dlio_ckpt_ext import plan
 from dlio_ckpt_ext.errors import ConfigError
-from dlio_ckpt_ext.layouts import dcp, deepspeed, megatron, safetensors
+from dlio_ckpt_ext.layouts import dcp, deepspeed, megatron, orbax, safetensors
 from dlio_ckpt_ext.layouts.base import Layout
 from dlio_ckpt_ext.load_plan import LoadJob, ReadRange
 
-REGISTRY: dict[str, Layout] = {module.LAYOUT.name: module.LAYOUT for module in (deepspeed, dcp, safetensors, megatron)}
+REGISTRY: dict[str, Layout] = {module.LAYOUT.name: module.LAYOUT for module in (deepspeed, dcp, safetensors, megatron, orbax)}
 NAMES = tuple(REGISTRY)
 
 

@@ -29,11 +29,24 @@ class Layout:
     framework = ""
     #: MLPerf Storage's reference layout: the only one a CLOSED submission writes
     mlperf_closed = False
+    #: checkpoint.replicas means something to it (Orbax's slices); the others refuse it
+    has_replicas = False
 
     # -- names ----------------------------------------------------------------
     def checkpoint_dir(self, step: int, epoch: int = 1) -> str:
         """The directory of one checkpoint, below the checkpoint folder."""
         raise NotImplementedError
+
+    def staging_dir(self, step: int, epoch: int = 1) -> Optional[str]:
+        """Where a checkpoint is written before its commit renames it to
+        checkpoint_dir, on storage with directories (Orbax's temporary folder);
+        None: written in place. Object stores always write in place."""
+        return None
+
+    def subdirs(self, m: ModelShape, p: Parallelism, world: int) -> list[str]:
+        """Folders below a checkpoint's directory that its files go in, parents
+        first: made by rank 0 before any rank writes."""
+        return []
 
     def tracker(self, step: int) -> Optional[tuple[str, bytes]]:
         """The file at the checkpoint folder's root that names the last whole
@@ -47,6 +60,11 @@ class Layout:
     def validate(self, m: ModelShape, p: Parallelism, comm_size: int) -> None:
         """Raise ConfigError for a shape, parallelism or world size this layout cannot be saved at."""
         plan.validate(m, p, comm_size)
+        if not self.has_replicas and p.replicas != 1:
+            raise ConfigError("checkpoint.replicas", p.replicas, f"1 with checkpoint.layout {self.name} (its "
+                                                                 "replicas follow from the parallelism)")
+        if isinstance(p.replicas, bool) or not isinstance(p.replicas, int) or p.replicas < 1:
+            raise ConfigError("checkpoint.replicas", p.replicas, "a positive integer")
         self.check(m, p, comm_size)
 
     def plan_rank(self, m: ModelShape, p: Parallelism, world: int, rank: int) -> RankPlan:
@@ -128,7 +146,7 @@ class Layout:
         """Whether ranks reading the same range split it and broadcast."""
         return share == "broadcast"
 
-    def read_owner(self, p: Parallelism, job: LoadJob, rank: int, r: ReadRange,
+    def read_owner(self, m: ModelShape, p: Parallelism, job: LoadJob, rank: int, r: ReadRange,
                    reads: tuple[ReadRange, ...]) -> Optional[int]:
         """The one member of a sharing group that reads range r whole for all,
         where the loader has one (None: the members split it)."""

@@ -227,7 +227,7 @@ class Safetensors(Layout):
     def shares(self, job: LoadJob, share: str) -> bool:
         return share == "broadcast" or job.pattern == "fastsafetensors"
 
-    def read_owner(self, p: Parallelism, job: LoadJob, rank: int, r: ReadRange,
+    def read_owner(self, m: ModelShape, p: Parallelism, job: LoadJob, rank: int, r: ReadRange,
                    reads: tuple[ReadRange, ...]) -> Optional[int]:
         return _shard_owner(p, job, rank, r, reads) if job.pattern == "fastsafetensors" else None
 

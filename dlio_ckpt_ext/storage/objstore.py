@@ -337,6 +337,12 @@ class ObjectBackend(Backend):
         from dlio_ckpt_ext.storage.uploads import abort_uploads
         return abort_uploads(self.root, uploads)
 
+    def rename(self, src: str, dst: str) -> None:
+        try:
+            os.rename(self._local(src), self._local(dst))
+        except OSError as exc:
+            raise StorageError(f"cannot rename {self.uri(src)} to {self.uri(dst)}: {exc.strerror}") from exc
+
     def remove_empty_dir(self, directory: str) -> None:
         if self.scheme in ("file", "direct"):
             try:

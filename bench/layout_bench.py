@@ -1,0 +1,141 @@
+"""Layouts: each layout's save and load of one rank through our engine against raw
+writes and reads of the same files and ranges with the same requests in flight,
+on a local disk with O_DIRECT, in one run.
+
+    python bench/layout_bench.py [--layouts megatron,orbax] [--pairs 4] [--json bench/results/layout_bench.json]
+
+A scaled-down LLaMA (--layers, --hidden, --vocab) is saved by 4 ranks in each
+layout (megatron at TP2: 2 data-parallel replicas; orbax with 2 replicas of 2
+FSDP processes), then rank 1 is measured. Save: ours is Checkpointer.save
+(dgen-py generating as it writes, O_DIRECT, fsync); the reference writes the
+same file sizes from unique bytes generated before it (untimed), 32 MiB
+O_DIRECT writes, fsync (raw_posix_rank.write_file). Load: ours is
+Checkpointer.load of restore=framework (verify off); the reference reads the
+same ranges in the same pieces with the same requests in flight
+(restore_bench.RawLocal). Pairs are interleaved (A B / B A); the ratio is the
+order-balanced one (bench/pairs.py). Target: >= 0.95.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from bench_table import BenchTable  # noqa: E402
+from pairs import check_pairs, interleaved  # noqa: E402
+from raw_posix_rank import write_file  # noqa: E402
+from raw_rank_common import CHUNK, Content  # noqa: E402
+from restore_bench import RawLocal, model_options  # noqa: E402
+
+from omegaconf import OmegaConf  # noqa: E402
+
+from dlio_ckpt_ext.checkpoint.checkpointer import Checkpointer  # noqa: E402
+from dlio_ckpt_ext.config import load_config  # noqa: E402
+
+RANKS, MEASURED = 4, 1
+#: (parallelism, datatype, replicas) of each layout: as their presets write them
+LAYOUTS = {"megatron": ({"tensor": 2, "zero_stage": 1}, "bf16", 1),
+           "orbax": ({"zero_stage": 0}, "fp32", 2)}
+
+
+def checkpointer(args, root: str, layout: str, rank: int, **checkpoint) -> Checkpointer:
+    parallelism, datatype, replicas = LAYOUTS[layout]
+    cfg = load_config(OmegaConf.create({
+        "model": {"num_layers": args.layers, "model_datatype": datatype, "parallelism": parallelism,
+                  "transformer": {"hidden_size": args.hidden, "ffn_hidden_size": args.hidden * 7 // 2,
+                                  "vocab_size": args.vocab, "num_attention_heads": 8, "num_kv_heads": 2}},
+        "streaming": {"read_size": f"{args.read_size >> 20}MiB", "chunk_size": f"{CHUNK >> 20}MiB"},
+        "storage": {"storage_type": "local_fs", "storage_root": root,
+                    "storage_options": {"write_mode": "direct", "read_mode": "direct"}},
+        "checkpoint": {"checkpoint_folder": "ckpt", "layout": layout, "replicas": replicas, **checkpoint}}), RANKS)
+    ck = Checkpointer(cfg, rank, RANKS, RANKS)
+    ck.prepare()
+    return ck
+
+
+def measure_save(args, root: str, layout: str) -> dict:
+    ck = checkpointer(args, root, layout, MEASURED, num_checkpoints_read=0)
+    files = ck.files(MEASURED)
+    content = Content([f.size for f in files])
+    where = Path(ck.backend.uri(ck.write_dir(1)))
+
+    def ours() -> float:
+        t0 = time.perf_counter()
+        ck.save(1)
+        return time.perf_counter() - t0
+
+    def reference() -> float:
+        content.refill(seed=int(time.time()))
+        t0 = time.perf_counter()
+        for i, f in enumerate(files):
+            write_file(str(where / f.name), content.file(i), CHUNK)
+        return time.perf_counter() - t0
+
+    nbytes = sum(f.size for f in files)
+    ratios = interleaved(args.pairs, f"{layout} save", ours, reference, nbytes)
+    ck.close()
+    return {"bytes": nbytes, "files": len(files), "ratio": ratios, "in_flight": 1}
+
+
+def measure_load(args, root: str, layout: str) -> dict:
+    writers = [checkpointer(args, root, layout, r, num_checkpoints_read=0) for r in range(RANKS)]
+    for ck in reversed(writers):  # rank 0 last: its commit (and Orbax's rename) once every file is down
+        ck.save(1)
+        ck.close()
+    ck = checkpointer(args, root, layout, MEASURED, restore="framework", num_checkpoints_write=0,
+                      num_checkpoints_read=1)
+    reads = ck.reads()
+    nbytes = sum(r.length for r in reads)
+    raw = RawLocal(ck.cfg.read_size, ck.cfg.read_parallelism)
+
+    def ours() -> float:
+        t0 = time.perf_counter()
+        assert sum(f.nbytes for f in ck.load(1)) == nbytes
+        return time.perf_counter() - t0
+
+    def reference() -> float:
+        t0 = time.perf_counter()
+        got = sum(raw.read(ck.backend.uri(f"{ck.directory(1)}/{r.name}"), r.offset, r.length) for r in reads)
+        assert got == nbytes, (got, nbytes)
+        return time.perf_counter() - t0
+
+    ratios = interleaved(args.pairs, f"{layout} load", ours, reference, nbytes)
+    ck.close()
+    return {"bytes": nbytes, "ranges": len(reads), "ratio": ratios, "in_flight": ck.cfg.read_parallelism}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--layouts", default="megatron,orbax")
+    args = model_options(ap, "layout_bench").parse_args()
+    check_pairs(ap, args.pairs)
+    table = BenchTable("layout_bench", "Layouts: one rank's save and restore=framework load through our engine "
+                       "against raw O_DIRECT writes and reads of the same files and ranges with the same requests "
+                       f"in flight, local disk, order-balanced ratio of {args.pairs} interleaved pairs",
+                       ["layout", "phase (rank 1 of 4)", "files or ranges", "MiB", "requests in flight",
+                        "ours / raw", "target"])
+    figures = {}
+    workdir = Path(tempfile.mkdtemp(prefix="layout-bench-", dir=args.dir))
+    try:
+        for layout in args.layouts.split(","):
+            root = str(workdir / layout)
+            os.makedirs(root)
+            for phase, measure in (("save", measure_save), ("load", measure_load)):
+                r = measure(args, root, layout)
+                figures[f"{layout} {phase}"] = {**r, "ratio": r["ratio"].describe()}
+                table.add(layout, phase, r.get("files", r.get("ranges")), f"{r['bytes'] / 2**20:.0f}",
+                          r["in_flight"], r["ratio"].cell(), ">= 0.95")
+            shutil.rmtree(root, ignore_errors=True)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    table.finish(args.json, figures)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,179 @@
+"""The orbax layout (Orbax OCDBT, zarr3 + zstd, as MaxText writes it): its files
+against an independent computation from the shape, and saves (into the
+temporary folder, renamed at the commit) and loads through the checkpointer
+onto a real directory, every byte verified."""
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from dlio_ckpt_ext import layouts, plan
+from dlio_ckpt_ext.errors import ConfigError, StorageError
+from dlio_ckpt_ext.layouts import orbax
+from dlio_ckpt_ext.load_plan import LoadJob
+from test_restore import SHAPE, checkpointers, load_verified, run_in_threads
+
+ORBAX = layouts.get("orbax")
+SMALL = plan.ModelShape(2, 256, 512, 1024, 4, 2, "fp32", "fp32")
+EIGHT_B = plan.ModelShape(32, 4096, 14336, 128256, 32, 8, "fp32", "fp32")
+HEX = re.compile(r"^items/ocdbt\.process_(\d+)/d/[0-9a-f]{32}$")
+
+
+def par(replicas=None):
+    return plan.Parallelism(1, 1, 0, None, "default", "orbax", replicas=replicas or 1)
+
+
+def maxtext_arrays(L, h, f, V, heads, kv):
+    """(elements, FSDP-sharded) of MaxText's LLaMA parameters, layers stacked: the
+    embedding, per layer the two norm scales, q, k, v, out and the three MLP kernels,
+    the final norm and the unembedding."""
+    hd = h // heads
+    return [(V * h, True), (h * L, False), (h * L * heads * hd, True), (h * L * kv * hd, True),
+            (h * L * kv * hd, True), (heads * L * hd * h, True), (h * L, False), (h * L * f, True),
+            (h * L * f, True), (f * L * h, True), (h, False), (h * V, True)]
+
+
+def stored(raw_bytes, ratio):
+    """zstd's output at the measured ratio and the zarr3 shard's 20-byte index."""
+    return -(-raw_bytes * round(ratio * 1e6) // 10**6) + 20
+
+
+@pytest.mark.parametrize("world, replicas", [(4, None), (4, 2), (2, None)])
+def test_each_process_writes_its_shards_compressed_and_the_totals_equal_the_shapes(world, replicas):
+    arrays = maxtext_arrays(2, 256, 512, 1024, 4, 2)
+    assert sum(n for n, _ in arrays) == plan.num_parameters(SMALL)
+    fsdp, r = world // (replicas or 1), replicas or 1
+    plans = [ORBAX.rank_plan(SMALL, par(replicas), world, rank) for rank in range(world)]
+    for rank, p in enumerate(plans):
+        data = [f for f in p.files if HEX.match(f.name)]
+        assert len(data) == 1 and HEX.match(data[0].name).group(1) == str(rank)
+        # every array sharded over FSDP; each shard's R copies written as R slices (the
+        # replica-parallel save); a replicated norm sliced over every process
+        want = entries = inline = 0
+        for state in ("params", "mu", "nu"):
+            ratio = orbax.ZSTD_STORED[(state, 4)]
+            for n, sharded in arrays:
+                piece = n // fsdp // r if sharded else n // world
+                size = stored(4 * piece, ratio)
+                entries += 1
+                if size > 1024:
+                    want += size
+                else:
+                    inline += 4 * piece
+        assert data[0].size == want + 100 * entries + inline
+        names = sorted(f.name for f in p.files)
+        assert names == sorted([data[0].name, f"items/ocdbt.process_{rank}/manifest.ocdbt",
+                                f"items/array_metadatas/process_{rank}"] + (["items/_sharding"] if rank == 0 else []))
+    assert [f.name for f in plans[0].commit_files] == [
+        "items/manifest.ocdbt", plans[0].commit_files[1].name, "items/_METADATA", "items/commit_success.txt",
+        "_CHECKPOINT_METADATA", "commit_success.txt"]
+    assert all(not p.commit_files for p in plans[1:])
+    metadata = json.loads(plans[0].commit_files[2].prefix)
+    assert metadata["use_ocdbt"] and metadata["use_zarr3"] and len(metadata["tree_metadata"]) == 3 * 12 + 1
+
+
+def test_the_8b_is_12_bytes_a_parameter_before_zstd_and_its_data_files_roll_over_at_2_gib():
+    n = plan.num_parameters(EIGHT_B)
+    files = [f for r in range(8) for f in ORBAX.rank_plan(EIGHT_B, par(), 8, r).files if HEX.match(f.name)]
+    total = sum(f.size for f in files)
+    assert 0.90 * 12 * n < total < 0.92 * 12 * n  # fp32 params, mu and nu: zstd keeps 87-93% of each
+    biggest_chunk = stored(4096 // 8 * 32 * 14336 * 4, orbax.ZSTD_STORED[("params", 4)])
+    per_rank = {}
+    for f in files:
+        per_rank.setdefault(HEX.match(f.name).group(1), []).append(f.size)
+    for sizes in per_rank.values():  # a file closes once it reaches the target: at most one chunk over
+        assert all(2 << 30 <= s < (2 << 30) + biggest_chunk for s in sizes[:-1]) and sizes[-1] > 0
+        assert len(sizes) <= -(-sum(sizes) // (2 << 30)) and len(sizes) > 1
+
+
+@pytest.mark.parametrize("state, itemsize", sorted(orbax.ZSTD_STORED))
+def test_the_stored_ratios_are_what_zstd_makes_of_such_tensors(state, itemsize):
+    """The layout's ratios against zstd level 3 itself, on fresh tensors of each state
+    (another seed and size than bench/zstd_ratio.py's recorded run)."""
+    import sys
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+    from zstd_ratio import stored_ratio
+    assert abs(stored_ratio(state, itemsize, 8 << 20, seed=7) - orbax.ZSTD_STORED[(state, itemsize)]) < 0.005
+
+
+def test_impossible_meshes_are_refused_naming_the_key():
+    with pytest.raises(ConfigError, match="MPI world size=3; allowed: a world whose FSDP degree \\(3\\) divides "
+                                          "hidden_size 256"):
+        ORBAX.rank_plan(SMALL, par(), 3, 0)
+    with pytest.raises(ConfigError, match="model.parallelism.tensor=2"):
+        ORBAX.rank_plan(SMALL, plan.Parallelism(2, 1, 0, None, "default", "orbax"), 2, 0)
+    with pytest.raises(ConfigError, match="MPI world size=4; allowed: a multiple of checkpoint.replicas = 3"):
+        ORBAX.rank_plan(SMALL, par(3), 4, 0)
+
+
+def test_the_single_replica_restore_reads_each_chunk_once_from_the_first_replica():
+    """Two replicas of 2 FSDP processes: restored plainly every replica reads its shards;
+    shared (replica_axis_index), storage serves each chunk once, read by replica 0."""
+    job = LoadJob("framework", 4, 4)
+    plain, shared = ORBAX.summary(SMALL, par(2), job, 1 << 20), ORBAX.summary(SMALL, par(2), job, 1 << 20, "broadcast")
+    metadata = sum(f.size for f in ORBAX.rank_plan(SMALL, par(2), 4, 0).commit_files
+                   if f.name in ("_CHECKPOINT_METADATA", "items/_METADATA", "items/manifest.ocdbt")
+                   or f.name.startswith("items/d/"))
+    chunks = plain["storage_bytes"] - 4 * metadata
+    assert shared["storage_bytes"] == metadata + chunks // 2
+    for rank in range(4):
+        for r in ORBAX.rank_reads(SMALL, par(2), job, rank):
+            if HEX.match(r.name):
+                assert ORBAX.read_owner(SMALL, par(2), job, rank, r, ()) in (0, 1)  # the first replica's
+
+
+def save(folder, ranks, parallelism, **checkpoint):
+    writers = checkpointers(folder, ranks, SHAPE, parallelism, layout="orbax", num_checkpoints_read=0,
+                            **checkpoint)
+    for ck in reversed(writers):  # rank 0 last: its commit renames the temporary folder
+        ck.prepare()
+        ck.save(1)
+    return writers
+
+
+@pytest.mark.parametrize("replicas, saved, ranks", [(None, 4, 4), (2, 4, 4), (None, 4, 2), (None, 2, 4)])
+def test_a_save_renamed_at_its_commit_and_restores_at_the_same_and_another_world_size_verify(
+        tmp_path, replicas, saved, ranks):
+    parallel = {"zero_stage": 0}
+    writers = save(tmp_path, saved, parallel, replicas=replicas or 1)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["1"]  # no temporary folder left
+    assert writers[0].inventory([1])["ok"]
+    assert (tmp_path / "1" / "commit_success.txt").is_file() and (tmp_path / "1" / "items" / "_METADATA").is_file()
+    readers = checkpointers(tmp_path, ranks, SHAPE, parallel, layout="orbax", restore="framework",
+                            saved_ranks=saved, num_checkpoints_write=0, num_checkpoints_read=1, replicas=replicas or 1)
+    assert load_verified(readers) == ORBAX.summary(readers[0].cfg.shape, readers[0].cfg.parallelism,
+                                                   readers[0].job, readers[0].cfg.read_size)["bytes_read"]
+
+
+def test_the_shared_restore_reads_each_chunk_once_and_every_rank_gets_its_bytes(tmp_path):
+    parallel = {"zero_stage": 0}
+    save(tmp_path, 4, parallel, replicas=2)
+    readers = checkpointers(tmp_path, 4, SHAPE, parallel, layout="orbax", restore="framework",
+                            num_checkpoints_write=0, num_checkpoints_read=1, share="broadcast", replicas=2)
+    got = run_in_threads(readers, lambda ck: (sum(f.nbytes for f in ck.load(1)), dict(ck.last_broadcast),
+                                              sum(r.length for r in dict.fromkeys(ck.reads()))))
+    ck = readers[0]
+    shared = ORBAX.summary(ck.cfg.shape, ck.cfg.parallelism, ck.job, ck.cfg.read_size, "broadcast")
+    assert sum(s for s, _, _ in got) == shared["storage_bytes"] < shared["bytes_read"]
+    assert all(s + b["broadcast_bytes"] == wanted for s, b, wanted in got)
+
+
+def test_a_second_run_cannot_rename_onto_the_step_the_first_left(tmp_path):
+    save(tmp_path, 2, {"zero_stage": 0})
+    again = checkpointers(tmp_path, 2, SHAPE, {"zero_stage": 0}, layout="orbax", num_checkpoints_read=0)
+    with pytest.raises(StorageError, match=f"{tmp_path}/1 holds a checkpoint: Orbax .* commits step 1 by renaming "
+                                           "its temporary folder to it; remove it or choose another checkpoint_folder"):
+        again[0].prepare()
+
+
+@pytest.mark.parametrize("replicas, ranks, saved", [(None, 4, 4), (2, 4, 4), (None, 2, 4), (None, 4, 2), (2, 8, 4)])
+def test_the_readers_of_a_chunk_are_exactly_the_ranks_whose_reads_hold_it(replicas, ranks, saved):
+    """range_readers answers from the mesh (O(readers)); the generic answer filters every
+    candidate by its reads (O(ranks x ranges)): the same groups."""
+    from dlio_ckpt_ext.layouts.base import Layout
+    job = LoadJob("framework", ranks, saved)
+    for rank in range(ranks):
+        for r in ORBAX.rank_reads(SMALL, par(replicas), job, rank):
+            assert ORBAX.range_readers(SMALL, par(replicas), job, r, rank) == \
+                Layout.range_readers(ORBAX, SMALL, par(replicas), job, r, rank)
