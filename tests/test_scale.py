@@ -102,3 +102,28 @@ def test_a_run_of_many_files_and_chunks_a_rank_keeps_its_output_folder_small(wor
     assert all("chunks" not in f and f["chunk_io_gib_s"]["p10"] <= f["chunk_io_gib_s"]["p50"] for f in files)
     size = sum(p.stat().st_size for p in run.out.rglob("*") if p.is_file())
     assert size / 4 < 1 << 20, f"{size} bytes for 4 ranks"
+
+
+@pytest.mark.parametrize("preset, tracker_gets, files_a_rank, rank0_files", [
+    # a distcp a rank; rank 0: .metadata, metadata.json and the tracker (read back whole by the inventory)
+    ("megatron_llama3_8b_checkpoint", 1, 1, 3),
+    # a data file, a manifest and an array_metadatas file a process; rank 0: _sharding and the 6 commit files
+    ("maxtext_llama3_8b_checkpoint", 0, 3, 7)])
+def test_the_other_frameworks_layouts_cost_each_rank_the_same_requests_at_1_and_4_ranks(
+        s3, tmp_path, preset, tracker_gets, files_a_rank, rank0_files):
+    counts = {}
+    for n in (1, 4):
+        before = s3.request_counts()
+        run = run_dlio(tmp_path, n, preset, *SHRINK, *TWO_TWO, "++workload.checkpoint.keep_files=False",
+                       "++workload.storage.storage_type=s3", f"++workload.storage.storage_root=s3://{BUCKET}/layouts",
+                       env=s3.env(), checkpoint_folder=f"{preset}-{n}", out=f"out{n}-{preset}")
+        assert run.returncode == 0, run.stderr[-3000:]
+        after = s3.request_counts()
+        counts[n] = {k: after[k] - before.get(k, 0) for k in after if after[k] != before.get(k, 0)}
+        # 2 checkpoints' files: a rank's own, rank 0's extra ones (and the tracker, once)
+        assert run.record()["inventory"]["expected"] == 2 * (n * files_a_rank + rank0_files) - tracker_gets
+    for n, c in counts.items():
+        assert (c.get("GET 200", 0), c.get("HEAD", 0)) == (MARKER_GETS + tracker_gets, 0), (n, c)
+        assert c["DELETE"] == n + MARKER_DELETES, (n, c)  # each rank its own files, in one request
+        assert c["LIST"] == counts[1]["LIST"] + WALKS_PER_RANK * (n - 1) and counts[1]["LIST"] <= 4, (n, c)
+    assert s3.client().list_objects_v2(Bucket=BUCKET, Prefix="layouts/").get("KeyCount", 0) == 0  # all deleted
