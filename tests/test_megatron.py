@@ -113,3 +113,13 @@ def test_a_save_and_a_restore_at_the_same_and_another_world_size_verify(tmp_path
                             saved_ranks=saved, num_checkpoints_write=0, num_checkpoints_read=1)
     assert load_verified(readers) == MEGATRON.summary(readers[0].cfg.shape, readers[0].cfg.parallelism,
                                                       readers[0].job, readers[0].cfg.read_size)["bytes_read"]
+
+
+def test_keep_files_false_removes_the_tracker_with_the_checkpoint(tmp_path):
+    writers = checkpointers(tmp_path, 2, SHAPE, {"zero_stage": 1}, layout="megatron", num_checkpoints_read=0)
+    for ck in writers:
+        ck.prepare()
+        ck.save(1)
+    assert sum(ck.remove_written([1]) for ck in writers) == 2 + 2 + 1  # the distcp files, rank 0's two, the tracker
+    writers[0].remove_empty_dirs([1])
+    assert list(tmp_path.iterdir()) == []

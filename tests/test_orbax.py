@@ -177,3 +177,10 @@ def test_the_readers_of_a_chunk_are_exactly_the_ranks_whose_reads_hold_it(replic
         for r in ORBAX.rank_reads(SMALL, par(replicas), job, rank):
             assert ORBAX.range_readers(SMALL, par(replicas), job, r, rank) == \
                 Layout.range_readers(ORBAX, SMALL, par(replicas), job, r, rank)
+
+
+def test_keep_files_false_leaves_no_file_nor_folder_of_the_checkpoint(tmp_path):
+    writers = save(tmp_path, 2, {"zero_stage": 0})
+    assert sum(ck.remove_written([1]) for ck in writers) == sum(len(ck.rank_plan(ck.rank).all_files) for ck in writers)
+    writers[0].remove_empty_dirs([1])  # the process folders, the item's, then the step's
+    assert list(tmp_path.iterdir()) == []
