@@ -34,7 +34,7 @@ from bench_table import BenchTable  # noqa: E402
 from pairs import check_pairs, interleaved  # noqa: E402
 from raw_posix_rank import write_file  # noqa: E402
 from raw_rank_common import CHUNK, Content  # noqa: E402
-from restore_bench import RawLocal, model_options  # noqa: E402
+from restore_bench import RawLocal, load_against_raw, model_options  # noqa: E402
 
 from omegaconf import OmegaConf  # noqa: E402
 
@@ -93,24 +93,7 @@ def measure_load(args, root: str, layout: str) -> dict:
         ck.close()
     ck = checkpointer(args, root, layout, MEASURED, restore="framework", num_checkpoints_write=0,
                       num_checkpoints_read=1)
-    reads = ck.reads()
-    nbytes = sum(r.length for r in reads)
-    raw = RawLocal(ck.cfg.read_size, ck.cfg.read_parallelism)
-
-    def ours() -> float:
-        t0 = time.perf_counter()
-        assert sum(f.nbytes for f in ck.load(1)) == nbytes
-        return time.perf_counter() - t0
-
-    def reference() -> float:
-        t0 = time.perf_counter()
-        got = sum(raw.read(ck.backend.uri(f"{ck.directory(1)}/{r.name}"), r.offset, r.length) for r in reads)
-        assert got == nbytes, (got, nbytes)
-        return time.perf_counter() - t0
-
-    ratios = interleaved(args.pairs, f"{layout} load", ours, reference, nbytes)
-    ck.close()
-    return {"bytes": nbytes, "ranges": len(reads), "ratio": ratios, "in_flight": ck.cfg.read_parallelism}
+    return load_against_raw(args, ck, RawLocal(ck.cfg.read_size, ck.cfg.read_parallelism), f"{layout} load")
 
 
 def main() -> None:

@@ -141,9 +141,14 @@ def measure(args, root: str, storage_type: str, label: str, layout: str, paralle
                  num_checkpoints_write=0, num_checkpoints_read=1)
     ck = Checkpointer(cfg, rank, ranks, ranks)
     ck.prepare()
+    raw = (RawLocal if storage_type == "local_fs" else RawS3)(cfg.read_size, cfg.read_parallelism)
+    return load_against_raw(args, ck, raw, label)
+
+
+def load_against_raw(args, ck: Checkpointer, raw, label: str) -> dict:
+    """Pairs of ck's load (its plan's ranges) and raw reads of the same ranges, then ck closed."""
     reads = ck.reads()
     nbytes = sum(r.length for r in reads)
-    raw = (RawLocal if storage_type == "local_fs" else RawS3)(cfg.read_size, cfg.read_parallelism)
     directory = ck.directory(1)
 
     def ours() -> float:
@@ -160,7 +165,7 @@ def measure(args, root: str, storage_type: str, label: str, layout: str, paralle
 
     ratios = interleaved(args.pairs, label, ours, reference, nbytes)
     ck.close()
-    return {"bytes": nbytes, "ranges": len(reads), "ratio": ratios, "in_flight": cfg.read_parallelism}
+    return {"bytes": nbytes, "ranges": len(reads), "ratio": ratios, "in_flight": ck.cfg.read_parallelism}
 
 
 def model_options(ap: argparse.ArgumentParser, bench: str) -> argparse.ArgumentParser:
