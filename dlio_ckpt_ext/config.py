@@ -7,6 +7,8 @@ OmegaConf rejects unknown keys and values of the wrong type, and
 """
 from __future__ import annotations
 
+import os
+import posixpath
 import re
 from dataclasses import dataclass, field, is_dataclass
 from typing import Any, Optional, get_type_hints
@@ -154,6 +156,27 @@ class StorageConfig:
     storage_options: dict = field(default_factory=dict)  # checked by the backend
 
 
+#: the I/O class a persistent save's thread runs at (Megatron's async worker: ionice idle)
+PERSISTENT_IO = ("idle", "normal")
+
+
+@dataclass
+class TiersConfig:
+    # Two tiers (docs/tiers.md), off unless local_root is set: every checkpoint
+    # is saved to local_root as NVIDIA's resiliency extension saves its local
+    # checkpoints, every persistent_every-th one also to storage_root in the
+    # background, as Megatron-LM's async persistent save.
+    local_root: str = ""               # node-local folder (NVMe, a ramdisk); "" = one tier
+    persistent_every: int = 5          # K: every K-th checkpoint also goes to the storage under test
+    replication: int = 2               # F: ranks' parts each rank keeps locally, its own and F-1 peers'
+    replication_jump: int = 0          # ranks between a group's members; 0 = ranks per node (NVRx's default)
+    # seconds a persistent save must fit in (the training until the next one);
+    # 0 = persistent_every x checkpoint.time_between_checkpoints (DLIO's computation time)
+    interval_s: float = 0.0
+    persistent_nice: int = 10          # the persisting thread's nice, raised to it (Megatron's persistent worker: 10)
+    persistent_io: str = "idle"        # idle | normal: its I/O class (Megatron's persistent worker: 3, idle)
+
+
 @dataclass
 class WorkloadSections:
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -161,6 +184,7 @@ class WorkloadSections:
     streaming: StreamingConfig = field(default_factory=StreamingConfig)
     storage: StorageConfig = field(default_factory=StorageConfig)
     model_load: ModelLoadConfig = field(default_factory=ModelLoadConfig)
+    tiers: TiersConfig = field(default_factory=TiersConfig)
 
 
 @dataclass
@@ -203,6 +227,12 @@ class RunConfig:
             return load
         return (load - 1) % (self.checkpoint.num_checkpoints_write or 1) + 1
 
+    def steps_saved(self) -> list[int]:
+        """The checkpoints this run saves to the storage under test: every one,
+        or with tiers every persistent_every-th (the others stay local)."""
+        every = self.tiers.persistent_every if self.has_tiers else 1
+        return [s for s in range(1, self.checkpoint.num_checkpoints_write + 1) if s % every == 0]
+
     def steps_read(self) -> list[int]:
         return sorted({self.read_step(k) for k in range(1, self.checkpoint.num_checkpoints_read + 1)})
 
@@ -234,7 +264,18 @@ class RunConfig:
 
     @property
     def is_async(self) -> bool:
-        return self.checkpoint.async_mode == "async"
+        """Saves to the storage under test persist in the background (async mode, or tiers' persistent saves)."""
+        return self.checkpoint.async_mode == "async" or self.has_tiers
+
+    @property
+    def has_tiers(self) -> bool:
+        return bool(self.tiers.local_root)
+
+    @property
+    def persistent_interval_s(self) -> float:
+        """Seconds a persistent save must fit in (tiers.interval_s, else DLIO's time between them)."""
+        t = self.tiers
+        return t.interval_s or t.persistent_every * self.checkpoint.time_between_checkpoints
 
     @property
     def model(self) -> ModelConfig:
@@ -255,6 +296,10 @@ class RunConfig:
     @property
     def model_load(self) -> ModelLoadConfig:
         return self.sections.model_load
+
+    @property
+    def tiers(self) -> TiersConfig:
+        return self.sections.tiers
 
 
 _SIZE = re.compile(r"^\s*(\d+)\s*([KMGT]i?B?)?\s*$", re.IGNORECASE)
@@ -343,7 +388,8 @@ def _positive(key: str, value: Any) -> None:
 
 def load_config(workload: DictConfig | dict, comm_size: int) -> RunConfig:
     """Validate our sections of `workload` for a job of comm_size ranks."""
-    given = {k: workload[k] for k in ("model", "checkpoint", "streaming", "storage", "model_load") if k in workload}
+    given = {k: workload[k] for k in ("model", "checkpoint", "streaming", "storage", "model_load", "tiers")
+             if k in workload}
     for section in given.values():
         if isinstance(section, DictConfig):
             OmegaConf.resolve(section)
@@ -411,6 +457,7 @@ def load_config(workload: DictConfig | dict, comm_size: int) -> RunConfig:
 
     _check_restore(c, comm_size)
     read_size = _check_model_load(s, layout, read_size)
+    _check_tiers(s, layout)
 
     shape = plan.ModelShape(m.num_layers, m.transformer.hidden_size, m.transformer.ffn_hidden_size,
                             m.transformer.vocab_size, m.transformer.num_attention_heads,
@@ -459,6 +506,61 @@ def _check_model_load(s: WorkloadSections, layout: Layout, read_size: int) -> in
     if size <= 0 or size % MiB:
         raise ConfigError("workload.model_load.read_size", ml.read_size, "auto or a positive multiple of 1 MiB")
     return size
+
+
+def join_root(storage_root: str, folder: str) -> str:
+    """storage_root/checkpoint_folder for paths and URIs alike."""
+    if "://" in storage_root:
+        return storage_root.rstrip("/") + "/" + folder.strip("/")
+    return posixpath.join(storage_root, folder)
+
+
+def local_path(root: str) -> Optional[str]:
+    """The directory a storage root names on this host (file:// and direct://
+    included), or None for an object store."""
+    scheme, sep, rest = str(root).partition("://")
+    if not sep:
+        return os.path.realpath(root)
+    return os.path.realpath("/" + rest.lstrip("/")) if scheme in ("file", "direct") else None
+
+
+def _check_tiers(s: WorkloadSections, layout: Layout) -> None:
+    """workload.tiers' keys, against each other and the checkpoint section."""
+    t, c = s.tiers, s.checkpoint
+    if not t.local_root:
+        return
+    for key in ("persistent_every", "replication"):
+        _positive(f"workload.tiers.{key}", getattr(t, key))
+    if isinstance(t.replication_jump, bool) or t.replication_jump < 0:
+        raise ConfigError("workload.tiers.replication_jump", t.replication_jump,
+                          "0 (the ranks per node) or a positive integer")
+    if t.interval_s < 0:
+        raise ConfigError("workload.tiers.interval_s", t.interval_s, "seconds >= 0")
+    if not t.interval_s and not c.time_between_checkpoints:
+        raise ConfigError("workload.tiers.interval_s", t.interval_s,
+                          "seconds > 0, or a checkpoint.time_between_checkpoints > 0 to take it from (the training "
+                          "between checkpoints): a persistent save must fit in some interval")
+    if isinstance(t.persistent_nice, bool) or not 0 <= t.persistent_nice <= 19:
+        raise ConfigError("workload.tiers.persistent_nice", t.persistent_nice, "a nice value from 0 to 19")
+    if t.persistent_io not in PERSISTENT_IO:
+        raise ConfigError("workload.tiers.persistent_io", t.persistent_io, " or ".join(PERSISTENT_IO))
+    if layout.model_load:
+        raise ConfigError("workload.tiers.local_root", t.local_root,
+                          f'"" with checkpoint.layout {layout.name} (a publish is no training checkpoint)')
+    if c.num_checkpoints_write < t.persistent_every:
+        raise ConfigError("workload.checkpoint.num_checkpoints_write", c.num_checkpoints_write,
+                          f"at least tiers.persistent_every ({t.persistent_every}): a tiered run saves at least "
+                          "one persistent checkpoint")
+    if c.num_checkpoints_read:
+        raise ConfigError("workload.checkpoint.num_checkpoints_read", c.num_checkpoints_read,
+                          "0 with tiers: a tiered run measures saves; read its persistent checkpoints in a run "
+                          "without tiers")
+    checkpoints = local_path(join_root(str(s.storage.storage_root), c.checkpoint_folder))
+    local = os.path.realpath(t.local_root)
+    if checkpoints is not None and (os.path.commonpath([local, checkpoints]) in (local, checkpoints)):
+        raise ConfigError("workload.tiers.local_root", t.local_root,
+                          f"a folder outside the checkpoint folder {checkpoints} and not holding it: each tier's "
+                          "files would be counted among the other's")
 
 
 def _check_restore(c: CheckpointConfig, comm_size: int) -> None:

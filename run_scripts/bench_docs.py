@@ -31,6 +31,7 @@ BENCHES = {
     "model_load_bench": "model loads: each pattern against the real loader it emulates",
     "layout_bench": "layouts: Megatron-LM's and Orbax's save and load against raw I/O",
     "zstd_ratio": "zstd on checkpoint tensors: what Orbax stores",
+    "tier_bench": "two tiers: the persistent save's cost to the foreground, at normal and idle priority",
     "trace_bench": "tracing cost",
     "scale_bench": "requests, start-up, end and output size as the ranks grow",
     "cpu_bench": "client CPU per GiB against raw references",

@@ -29,6 +29,8 @@ SECTIONS = [
     ("Checkpoint", "workload.checkpoint", "config.py", "CheckpointConfig"),
     ("Streaming", "workload.streaming", "config.py", "StreamingConfig"),
     ("Storage", "workload.storage", "config.py", "StorageConfig"),
+    ("Model loads", "workload.model_load", "config.py", "ModelLoadConfig"),
+    ("Tiers", "workload.tiers", "config.py", "TiersConfig"),
     ("storage_options for local_fs, parallel_fs and direct_fs", "workload.storage.storage_options",
      "storage/posix.py", "PosixOptions"),
     ("storage_options for s3", "workload.storage.storage_options", "storage/objstore.py", "ObjectOptions"),

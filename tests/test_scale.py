@@ -127,3 +127,32 @@ def test_the_other_frameworks_layouts_cost_each_rank_the_same_requests_at_1_and_
         assert c["DELETE"] == n + MARKER_DELETES, (n, c)  # each rank its own files, in one request
         assert c["LIST"] == counts[1]["LIST"] + WALKS_PER_RANK * (n - 1) and counts[1]["LIST"] <= 4, (n, c)
     assert s3.client().list_objects_v2(Bucket=BUCKET, Prefix="layouts/").get("KeyCount", 0) == 0  # all deleted
+
+
+def test_a_tiered_run_costs_each_rank_the_same_requests_at_2_and_4_ranks(s3, tmp_path):
+    """The persistent tier's requests are an async run's: whole GETs the marker's only, no
+    HEAD, a DELETE a rank, constant LISTs; the local tier is each rank's own folder
+    (replication 2: two files a local save), emptied by keep_files=False."""
+    counts = {}
+    for n in (2, 4):
+        local = tmp_path / f"local{n}"
+        before = s3.request_counts()
+        run = run_dlio(tmp_path, n, "llama3_tiny_checkpoint", *SHRINK, "++workload.checkpoint.num_checkpoints_write=4",
+                       "++workload.checkpoint.num_checkpoints_read=0", "++workload.checkpoint.keep_files=False",
+                       f"++workload.tiers.local_root={local}", "++workload.tiers.persistent_every=2",
+                       "++workload.tiers.interval_s=60", "++workload.tiers.replication_jump=1",
+                       "++workload.storage.storage_type=s3", f"++workload.storage.storage_root=s3://{BUCKET}/tiers",
+                       env=s3.env(), checkpoint_folder=f"t{n}", out=f"out-tiers{n}")
+        assert run.returncode == 0, run.stderr[-3000:]
+        after = s3.request_counts()
+        counts[n] = {k: after[k] - before.get(k, 0) for k in after if after[k] != before.get(k, 0)}
+        persistent = run.record()["inventory"]["expected"]
+        assert persistent == 2 * 2 * n  # checkpoints 2 and 4: (model, optimizer) a rank
+        # the persistent files, and each rank's last local iteration: its own part and its peer's
+        assert f"removed the {persistent + 2 * n} checkpoint files this run wrote" in run.stdout
+        assert [p for p in local.rglob("*") if p.is_file()] == []
+    for n, c in counts.items():
+        assert (c.get("GET 200", 0), c.get("HEAD", 0)) == (MARKER_GETS, 0), (n, c)
+        assert c["DELETE"] == n + MARKER_DELETES, (n, c)
+        assert c["LIST"] == counts[2]["LIST"] + WALKS_PER_RANK * (n - 2) and counts[2]["LIST"] <= 4, (n, c)
+    assert s3.client().list_objects_v2(Bucket=BUCKET, Prefix="tiers/").get("KeyCount", 0) == 0

@@ -214,7 +214,7 @@ class Checkpointer:
     def _refuse_renaming_onto_a_checkpoint(self) -> None:
         """A layout committed by a rename (Orbax) cannot rename onto a step an
         earlier run left: said before anything is written, naming the folder."""
-        for step in range(1, self.cfg.checkpoint.num_checkpoints_write + 1):
+        for step in self.cfg.steps_saved():
             final = self.directory(step)
             if self.write_dir(step) != final and self.backend.children(final):
                 raise StorageError(f"{self.backend.uri(final)} holds a checkpoint: {self.layout.framework} commits "

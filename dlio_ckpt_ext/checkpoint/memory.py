@@ -29,10 +29,15 @@ def rank_buffers(cfg: RunConfig, comm_size: int = 1) -> list[tuple[str, object, 
     out = []
     if cfg.is_async and c.num_checkpoints_write:
         # the rank's whole state, plus the chunk its content is generated into
-        out.append(("workload.checkpoint.async_mode", c.async_mode,
-                    staging_bytes(cfg, comm_size) + cfg.chunk_size))
+        # a tiered run stages each persistent save (its async path)
+        key, value = (("workload.tiers.persistent_every", cfg.tiers.persistent_every) if cfg.has_tiers
+                      else ("workload.checkpoint.async_mode", c.async_mode))
+        out.append((key, value, staging_bytes(cfg, comm_size) + cfg.chunk_size))
     scheme = str(cfg.storage.storage_root).split("://", 1)[0] if cfg.storage.storage_type == "s3" else ""
     s3_parts, blocks = scheme == "s3", scheme in ("az", "gs")
+    if cfg.has_tiers and c.num_checkpoints_write:
+        # the local tier's own pool: the local saves fill it while a persist writes the staging area
+        out.append(("workload.tiers.local_root", cfg.tiers.local_root, st.pool_depth * cfg.chunk_size))
     if c.num_checkpoints_write and not (s3_parts or blocks):  # filled in the writers' memory instead
         out.append(("workload.streaming.pool_depth", st.pool_depth, st.pool_depth * cfg.chunk_size))
     if c.num_checkpoints_read:
@@ -71,7 +76,9 @@ def rank_buffers(cfg: RunConfig, comm_size: int = 1) -> list[tuple[str, object, 
 
 def _label(key: str) -> str:
     name = key.rsplit(".", 1)[-1]
-    return "async staging (the rank's whole checkpoint share)" if name == "async_mode" else name
+    if name in ("async_mode", "persistent_every"):
+        return "async staging (the rank's whole checkpoint share)"
+    return "local tier buffers" if name == "local_root" else name
 
 
 def available_bytes() -> int:

@@ -48,6 +48,11 @@ class CheckpointSession(Protocol):
     inventory: Optional[dict]
     async_summary: Optional[dict]
     rank_buffer_bytes: int
+    #: tiers: rank 0's local-save windows and TIERS figures (None without tiers)
+    tier_windows: list[dict]
+    tiers_summary: Optional[dict]
+
+    def tier_settings(self) -> dict: ...
 
     @property
     def checkpoint_bytes(self) -> int: ...
@@ -78,7 +83,7 @@ def write_running(session: CheckpointSession) -> None:
     metrics.write_json(os.path.join(session.output_folder, RUNNING_FILE), {
         "status": "running", "start_time": session.start_time, "start_time_utc": _utc(session.start_time),
         "command": redact_args(sys.argv), "ranks": session.size, "hosts": list(topo.hosts),
-        "checkpoints": redact_tree(session.checkpointer.planned_writes(list(range(1, c.num_checkpoints_write + 1)))),
+        "checkpoints": redact_tree(session.checkpointer.planned_writes(session.config.steps_saved())),
         "keep_files": c.keep_files})
 
 
@@ -197,4 +202,8 @@ def write_run_record(session: CheckpointSession, reports: dict) -> None:
         record["async"] = {**session.async_summary, "persist_is": "the save figures: each checkpoint's window "
                            "from the first rank's persist start to the commit",
                            "interval_s": session.config.checkpoint.time_between_checkpoints}
+    if session.tiers_summary is not None:
+        record["tiers"] = {**session.tiers_summary, "settings": session.tier_settings(),
+                           "local_windows": session.tier_windows,
+                           "persistent_are": "the save figures (save.per_checkpoint): each persistent save's window"}
     metrics.write_json(os.path.join(folder, RECORD_FILE), record)

@@ -21,9 +21,11 @@ from omegaconf import DictConfig
 from tqdm import tqdm
 
 from dlio_ckpt_ext.checkpoint.background import BackgroundPersist
+from dlio_ckpt_ext.checkpoint.local_tier import LocalTier
+from dlio_ckpt_ext.checkpoint.priority import lower_this_thread
 from dlio_ckpt_ext.checkpoint.checkpointer import Checkpointer, inventory_error
 from dlio_ckpt_ext.config import RunConfig, load_config
-from dlio_ckpt_ext.dlio import metrics, records, trace
+from dlio_ckpt_ext.dlio import metrics, records, tier_report, tiers, trace
 from dlio_ckpt_ext.dlio.mpi import SharingGroups, Topology, abort, launcher_stream, topology, user_terminal
 from dlio_ckpt_ext.dlio.ownership import Folder, Lease
 from dlio_ckpt_ext.dlio.stalls import StallWatch
@@ -159,6 +161,14 @@ class CheckpointSession:
         #: per phase, rank 0's sum of every rank's CPU in the windows (metrics.client_cpu)
         self.client_cpu: dict[str, dict] = {}
         self.persister: Optional[BackgroundPersist] = None
+        #: tiers: this rank's local tier, its record of each local save, and the
+        #: priority its persists ran at; rank 0 after finalize: the local windows and TIERS
+        self.tier: Optional[LocalTier] = None
+        self.tier_records: list[dict] = []
+        self.tier_windows: list[dict] = []
+        self.tiers_summary: Optional[dict] = None
+        self.persist_priority: dict = {}
+        self.tier_note: Optional[str] = None
         #: share=broadcast: the groups of ranks reading the same ranges
         self.sharing: Optional[SharingGroups] = None
         #: the step persisting in the background (async mode)
@@ -185,6 +195,8 @@ class CheckpointSession:
             self._claim_folders("output")
             self.checkpointer.prepare()
             self.sharing = self._sharing_groups()
+        if self.config.has_tiers:
+            self._open_tier()
         self.stall_watch = StallWatch(self.rank, self.config.streaming.stall_warning_s, self._stalled_where,
                                       self._say_now)
         #: rank 0 after finalize: every rank's stalls
@@ -242,14 +254,36 @@ class CheckpointSession:
             except ConfigError as exc:
                 refusal = str(exc)
                 self.lease.release()
+        self._refuse_together(refusal, gathered=False)
+        for line in notes:
+            print(line, flush=True)
+
+    def _refuse_together(self, refusal: Optional[str], gathered: bool = True) -> None:
+        """Every rank stops cleanly when one refused (gathered: any rank may
+        have; else rank 0 decided for all): rank 0 says the first refusal."""
+        if gathered:
+            refusal = next((r for r in self.comm.gather(refusal, root=0) or [] if r), None)
         refusal = self.comm.bcast(refusal, root=0)
         if refusal:
             if self.rank == 0:
                 sys.stderr.write(f"[ERROR] {refusal}\n")
                 sys.stderr.flush()
             raise SystemExit(2)
-        for line in notes:
-            print(line, flush=True)
+
+    def _open_tier(self) -> None:
+        """The local tier, refused on every rank together (a replication that
+        cannot tile the job, another run's files, no room on a node)."""
+        try:
+            self.tier = tiers.open_local_tier(self.config, self.comm, self.topology, self.checkpointer)
+        except ConfigError as exc:
+            self._refuse_together(str(exc) if self.rank == 0 else None, gathered=False)
+        with self.abort_on_error("checking the local tier"):
+            refusal = tiers.refusal(self.tier, self.comm)
+        self._refuse_together(refusal)
+        with self.abort_on_error("preparing the local tier"):
+            self.tier.buffers()
+            if self.rank == 0:
+                self.tier_note = tiers.same_device_note(self.config, self.checkpointer)
 
     # -- failures end every rank ---------------------------------------------
     @contextlib.contextmanager
@@ -330,8 +364,18 @@ class CheckpointSession:
         print(f"[INFO] streaming checkpoint: model {self.config.model.name}, {self.size} ranks on "
               f"{self.topology.num_hosts} host(s), {total} bytes ({total / metrics.GiB:.2f} GiB) per checkpoint "
               f"to {ck.backend.uri('').rstrip('/')}", flush=True)
-        for line in self.warnings():
+        for line in self.warnings() + ([self.tier_note] if self.tier_note else []):
             print(line, flush=True)
+
+    def tier_settings(self) -> dict:
+        """The tiers section as run, with the priority the persists really ran at."""
+        t = self.config.tiers
+        return {"local_root": t.local_root, "persistent_every": t.persistent_every, "replication": t.replication,
+                "replication_jump": self.tier.apart if self.tier else t.replication_jump,
+                "interval_s": self.config.persistent_interval_s,
+                "nice": self.persist_priority.get("nice", t.persistent_nice),
+                "io_class": self.persist_priority.get("io_class", t.persistent_io),
+                "same_file_system": self.tier_note is not None}
 
     def warnings(self) -> list[str]:
         """What a reader of the figures must know about how they were measured."""
@@ -342,9 +386,12 @@ class CheckpointSession:
                        "the global windows (first rank's start to last rank's close) are in "
                        f"{records.RECORD_FILE}")
         if self.config.is_async and self.dlio_reports_metrics and c.num_checkpoints_write:
-            out.append("[WARNING] checkpoint.async_mode=async: DLIO's own [METRIC] save lines time the save call "
+            how = "workload.tiers" if self.config.has_tiers else "checkpoint.async_mode=async"
+            out.append(f"[WARNING] {how}: DLIO's own [METRIC] save lines time the save call "
                        "(generating the content, staging, waiting for the previous persist), not storage; the "
-                       "storage figures are the 'Checkpoint persist' lines, the blocked time the 'save blocked' lines")
+                       "storage figures are the 'Checkpoint persist' lines, "
+                       + ("the local saves and the foreground's cost the TIERS block" if self.config.has_tiers
+                          else "the blocked time the 'save blocked' lines"))
         if c.num_checkpoints_write and backend.writes_may_be_cached:
             out.append("[WARNING] save figures may measure the page cache, not the storage "
                        f"(write method: {backend.write_cache_method})")
@@ -361,6 +408,8 @@ class CheckpointSession:
         for phase, cpu in self.client_cpu.items():
             out += metrics.client_cpu_warning(phase, cpu)
         out += metrics.stall_warnings(self.stalls)
+        if self.tiers_summary is not None:
+            out += tier_report.overrun_warnings(self.tiers_summary)
         for phase in PHASES:
             out += metrics.throttle_warnings(phase, self.windows[phase])
         if c.recovery_rank_shift and self.checkpointer.source_rank() == self.rank:
@@ -375,6 +424,8 @@ class CheckpointSession:
         return self.checkpointer.checkpoint_bytes()
 
     def save(self, epoch: int, step: int) -> list[FileStats]:
+        if self.tier is not None:
+            return self._save_tiered(epoch, step)
         if self.config.is_async:
             return self._save_async(epoch, step)
         return self._checkpoint("save", epoch, step,
@@ -400,12 +451,46 @@ class CheckpointSession:
                              "bytes": staged["bytes"]})
         return []
 
+    def _save_tiered(self, epoch: int, step: int) -> list[FileStats]:
+        """Tiers: every checkpoint to the local tier in the foreground, every
+        persistent_every-th also persisted to the storage under test in the background."""
+        with self.abort_on_error(f"local checkpoint save {step}"), self._span("local", step):
+            start, usage = time.time(), process_usage()
+            self.stall_watch.begin("local save", step)
+            try:
+                files = tiers.save_local(self.tier, step, self._ticking(None), self._barrier)
+            finally:
+                self.stall_watch.end()
+                self.tier.current_file = ""
+            end = time.time()
+        self.tier_records.append(metrics.local_record(step, files, start, end, usage_since(usage)))
+        if step % self.config.tiers.persistent_every == 0:
+            self._save_async(epoch, step)
+        return []
+
     def _persist(self, epoch: int, step: int) -> None:
         """The background thread: the persist is this checkpoint's save (its
-        window is what the save [METRIC] lines report)."""
+        window is what the save [METRIC] lines report). A tiered run's runs
+        at the persistent tier's priority, and rank 0 says at once when one
+        outlasts its interval."""
+        late = None
+        if self.tier is not None:
+            t = self.config.tiers
+            self.persist_priority = lower_this_thread(t.persistent_nice, t.persistent_io)
+            if self.rank == 0:
+                late = threading.Timer(self.config.persistent_interval_s, self._say_now, [
+                    f"[WARNING] persistent save of checkpoint {step} is still running after its interval of "
+                    f"{self.config.persistent_interval_s:g} s (workload.tiers.interval_s): the next persistent "
+                    "save (or the run's end) will wait for it"])
+                late.daemon = True
+                late.start()
         start, usage, retried = time.time(), process_usage(), self.checkpointer.backend.retry_counts()
-        with self._span("persist", step):
-            files = self.checkpointer.persist(step, epoch, self.persister.check, self.persist_comm.Barrier)
+        try:
+            with self._span("persist", step):
+                files = self.checkpointer.persist(step, epoch, self.persister.check, self.persist_comm.Barrier)
+        finally:
+            if late is not None:
+                late.cancel()
         end = time.time()
         self.local["save"].append(metrics.local_record(step, files, start, end, usage_since(usage),
                                                        self._retries_since(retried)))
@@ -474,6 +559,8 @@ class CheckpointSession:
         return tick
 
     def _stalled_where(self) -> str:
+        if self.tier is not None and self.tier.current_file:
+            return f"file {self.tier.backend.uri(self.tier.current_file)} (the local tier)"
         backend = self.checkpointer.backend
         endpoint = backend.describe().get("endpoint_url")
         return (f"file {backend.uri(self.checkpointer.current_file)}"
@@ -495,6 +582,8 @@ class CheckpointSession:
         ck = self.checkpointer
         if what == "load":
             size, files = ck.load_bytes(), len(ck.reads())
+        elif what == "local":
+            size, files = self.tier.bytes_per_save, len(self.tier.group)
         else:
             mine = ck.rank_plan(ck.rank)
             size, files = ck.rank_bytes(ck.rank), len(mine.files) + len(mine.commit_files)
@@ -556,15 +645,25 @@ class CheckpointSession:
                                        for i in range(len(self.local[phase]))]
         if self.persister is not None and self.rank == 0:
             self.async_summary = metrics.async_checkpoints(blocked, self.windows["save"], self.drain_s)
+        if self.tier is not None:
+            gathered = self.comm.gather([metrics.window_part(r, self.rank, self.topology.host)
+                                         for r in self.tier_records], root=0)
+            if self.rank == 0:
+                self.tier_windows = [metrics.global_window([g[i] for g in gathered])
+                                     for i in range(len(self.tier_records))]
+                self.tiers_summary = tier_report.tiers_summary(
+                    self.tier_windows, self.windows["save"], self.config.persistent_interval_s, self.size,
+                    self.async_summary["per_checkpoint"])
         if c.num_checkpoints_write:
-            self._check_inventory(list(range(1, c.num_checkpoints_write + 1)), saved=True)
+            self._check_inventory(self.config.steps_saved(), saved=True)
         with self.abort_on_error("writing the results"):
             self._write_results()
         self.comm.barrier()
         if not c.keep_files:
-            steps = list(range(1, c.num_checkpoints_write + 1))
+            steps = self.config.steps_saved()
             with self.abort_on_error("removing the checkpoints"):
-                removed = self.comm.reduce(self.checkpointer.remove_written(steps), root=0)
+                local = self.tier.remove_all() if self.tier is not None else 0
+                removed = self.comm.reduce(self.checkpointer.remove_written(steps) + local, root=0)
             self.comm.barrier()
             if self.rank == 0:
                 with self.abort_on_error("removing the checkpoint directories"):
@@ -577,6 +676,8 @@ class CheckpointSession:
         if self.sharing is not None:
             self.sharing.free()
         self.checkpointer.close()
+        if self.tier is not None:
+            self.tier.close()
         self.comm.barrier()
 
     def _write_results(self) -> None:
@@ -606,7 +707,11 @@ class CheckpointSession:
         label = "[INFO] global window:" if self.dlio_reports_metrics else "[METRIC]"
         lines = [line for phase in PHASES if self.windows[phase]
                  for line in metrics.metric_lines(phase, self.windows[phase], label)]
-        if self.async_summary is not None:
+        if self.tiers_summary is not None:
+            lines += metrics.metric_lines("local save", self.tier_windows)
+            lines += metrics.metric_lines("persist", self.windows["save"])
+            lines += tier_report.tiers_lines(self.tiers_summary, self.tier_settings())
+        elif self.async_summary is not None:
             # the persist windows are the save windows; named apart for async readers
             lines += metrics.metric_lines("persist", self.windows["save"])
             lines += metrics.async_lines(self.async_summary, self.config.checkpoint.time_between_checkpoints)

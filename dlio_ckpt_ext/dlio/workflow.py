@@ -123,8 +123,10 @@ class CheckpointOnlyBenchmark:
             end = time.time()
             self.timings[phase].append((start, end))
             if self.rank == 0 and phase == "save" and self.mechanism.session.config.is_async:
+                how = ("tiers: its local save, and staging where it is also persistent" if
+                       self.mechanism.session.config.has_tiers else "async")
                 print(f"[INFO] checkpoint {phase} {step}/{count}: returned after {end - start:.4f} s (rank 0's "
-                      "time; async: persisting goes on in the background)", flush=True)
+                      f"time; {how}: persisting goes on in the background)", flush=True)
             elif self.rank == 0:
                 print(f"[INFO] checkpoint {phase} {step}/{count}: {size_gib:.3f} GiB in {end - start:.4f} s "
                       f"= {size_gib / (end - start):.4f} GiB/s (rank 0's time)", flush=True)

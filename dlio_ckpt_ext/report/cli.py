@@ -6,7 +6,7 @@
   dlio-ckpt-report uploads s3://BUCKET/PREFIX|az://CONTAINER/PREFIX [--abort]
   dlio-ckpt-report traces RESULTS_DIR [--out-dir DIR]
   dlio-ckpt-report status RESULTS_DIR [--remove-incomplete]
-  dlio-ckpt-report plan --workload W --ranks N [--json FILE] [hydra overrides]
+  dlio-ckpt-report plan --workload W --ranks N [--ranks-per-node R] [--json FILE] [hydra overrides]
 """
 from __future__ import annotations
 
@@ -96,7 +96,7 @@ def _status(args) -> int:
 
 def _plan(args) -> int:
     from dlio_ckpt_ext.report.load_plans import plan_command
-    print("\n".join(plan_command(args.workload, args.ranks, args.overrides, args.json)))
+    print("\n".join(plan_command(args.workload, args.ranks, args.overrides, args.json, args.ranks_per_node)))
     return 0
 
 
@@ -136,8 +136,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workload", required=True, help="a checkpoint preset, e.g. llama3_8b_checkpoint")
     p.add_argument("--ranks", type=int, required=True, help="ranks of the loading job")
     p.add_argument("--json", help="also write the plan's counts (every rank's) to this file")
+    p.add_argument("--ranks-per-node", type=int, default=8,
+                   help="a tiered run's ranks a node (its local tier and its nodes' shares; default 8)")
     p.add_argument("overrides", nargs="*", help="hydra overrides, e.g. ++workload.checkpoint.restore=framework "
-                                                "++workload.checkpoint.saved_ranks=1024")
+                                                "++workload.checkpoint.saved_ranks=1024; "
+                                                "++workload.tiers.local_root=/nvme plans a tiered run's saves")
     p.set_defaults(func=_plan)
     args = ap.parse_args(argv)
     try:

@@ -62,9 +62,19 @@ def plan_lines(s: dict, storage_type: str = "") -> list[str]:
     return lines
 
 
-def plan_command(workload: str, ranks: int, overrides: list[str], json_path: Optional[str] = None) -> list[str]:
-    """Compose the preset as dlio_benchmark would, plan its load at `ranks` ranks."""
+def plan_command(workload: str, ranks: int, overrides: list[str], json_path: Optional[str] = None,
+                 ranks_per_node: int = 8) -> list[str]:
+    """Compose the preset as dlio_benchmark would, plan its load at `ranks` ranks
+    (a tiered run's saves instead, ranks_per_node a node: it loads nothing)."""
     from dlio_ckpt_ext.tools.presets import compose_config
+    if any(o.lstrip("+").startswith("workload.tiers.local_root=") for o in overrides):
+        from dlio_ckpt_ext.report.tier_plans import tier_lines, tier_summary
+        tiers = {"workload": workload, "overrides": overrides,
+                 **tier_summary(compose_config(workload, ["++workload.checkpoint.num_checkpoints_read=0",
+                                                           *overrides], ranks), ranks, ranks_per_node)}
+        if json_path:
+            Path(json_path).write_text(json.dumps(tiers, indent=1))
+        return tier_lines(tiers)
     # a plan is of a load: a checkpoint saved at another world size is only read
     # by a run that writes none (the user's own overrides still come after)
     cfg = compose_config(workload, ["++workload.checkpoint.num_checkpoints_write=0",

@@ -1,10 +1,9 @@
 """Storage backends behind the engine's interface (engine/storage_interface.py), chosen by storage_type."""
 from __future__ import annotations
 
-import posixpath
 from typing import Optional
 
-from dlio_ckpt_ext.config import STORAGE_TYPES, structured
+from dlio_ckpt_ext.config import STORAGE_TYPES, join_root, structured  # noqa: F401 - join_root: storage's API
 from dlio_ckpt_ext.errors import ConfigError
 from dlio_ckpt_ext.engine.storage_interface import Backend, Reader, Writer
 
@@ -38,10 +37,3 @@ def open_backend(storage_type: str, root: str, options: dict, fsync: bool = True
         from dlio_ckpt_ext.storage.objstore import ObjectBackend, ObjectOptions
         return ObjectBackend(root, structured(ObjectOptions, options, prefix), cpu_share)
     raise ConfigError("workload.storage.storage_type", storage_type, ", ".join(STORAGE_TYPES))
-
-
-def join_root(storage_root: str, folder: str) -> str:
-    """storage_root/checkpoint_folder for paths and URIs alike."""
-    if "://" in storage_root:
-        return storage_root.rstrip("/") + "/" + folder.strip("/")
-    return posixpath.join(storage_root, folder)

@@ -113,6 +113,10 @@ def check_closed_rules(sub: Submission, cfg: RunConfig, can_drop_cache: bool, ra
     if not cfg.layout.mlperf_closed:
         out.append(f"4.6.3 checkpoint.layout={c.layout}: CLOSED writes the reference layout (DeepSpeed's, as "
                    f"DLIO does); {cfg.layout.framework}'s is OPEN")
+    if cfg.has_tiers:
+        out.append(f"4.6.3 tiers.local_root={cfg.tiers.local_root}: CLOSED saves every checkpoint to the storage "
+                   "under test, each timed in the foreground; tiered checkpoints (local often, persistent in the "
+                   "background) are OPEN")
     if (c.restore, c.share, c.saved_ranks or sub.ranks) != ("own", "none", sub.ranks):
         out.append(f"4.6.3 checkpoint.restore={c.restore}, share={c.share}, saved_ranks={c.saved_ranks}: CLOSED "
                    "reads back each rank's own files (restore=own, share=none, saved at the same ranks); "

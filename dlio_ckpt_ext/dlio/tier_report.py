@@ -1,0 +1,91 @@
+"""The TIERS block of a tiered run: what its local saves cost the foreground,
+and whether each persistent save fit in its interval, all from the global
+windows the record keeps (so `dlio-ckpt-report` and a reader can redo it)."""
+from __future__ import annotations
+
+from typing import Optional
+
+from dlio_ckpt_ext.dlio import metrics
+from dlio_ckpt_ext.engine.profile import GiB
+
+
+def overlaps(a: dict, b: dict) -> bool:
+    return a["start"] < b["end"] and b["start"] < a["end"]
+
+
+def tiers_summary(local: list[dict], persist: list[dict], interval_s: float, ranks: int,
+                  async_rows: Optional[list[dict]] = None) -> dict:
+    """local, persist: the global windows of the local and persistent saves;
+    async_rows: async_checkpoints' rows (the foreground's staging and wait for each persistent save)."""
+    saves = []
+    for w in local:
+        duration = w["duration_s"]
+        hosts = list(w["hosts"].values())
+        saves.append({"step": w["step"], "duration_s": duration, "bytes": w["bytes"],
+                      "gib_s": w["throughput_gib_s"],
+                      "per_rank_gib_s": w["bytes"] / ranks / GiB / duration if duration > 0 else 0.0,
+                      "per_node_gib_s": sum(h["throughput_gib_s"] for h in hosts) / len(hosts),
+                      "during_persist": any(overlaps(w, p) for p in persist)})
+    blocked = {r["step"]: r for r in async_rows or []}
+    persistent = []
+    for p in persist:
+        row = {"step": p["step"], "duration_s": p["duration_s"], "gib_s": p["throughput_gib_s"],
+               "interval_s": interval_s, "slack_s": interval_s - p["duration_s"],
+               "fit": p["duration_s"] <= interval_s}
+        if p["step"] in blocked:
+            row.update(staging_s=blocked[p["step"]]["staging_s"], wait_s=blocked[p["step"]]["wait_s"])
+        persistent.append(row)
+    during = [s["duration_s"] for s in saves if s["during_persist"]]
+    alone = [s["duration_s"] for s in saves if not s["during_persist"]]
+    mean = lambda values: sum(values) / len(values) if values else None  # noqa: E731
+    return {"local": saves, "persistent": persistent,
+            "local_s_mean": mean([s["duration_s"] for s in saves]),
+            "local_gib_s_mean": mean([s["gib_s"] for s in saves]),
+            "local_per_rank_gib_s_mean": mean([s["per_rank_gib_s"] for s in saves]),
+            "local_per_node_gib_s_mean": mean([s["per_node_gib_s"] for s in saves]),
+            "local_during_persist": len(during), "local_alone": len(alone),
+            "local_s_during_persist": mean(during), "local_s_alone": mean(alone),
+            "foreground_slowdown": mean(during) / mean(alone) if during and alone and mean(alone) else None,
+            "persistent_fit": sum(r["fit"] for r in persistent), "persistent_saves": len(persistent)}
+
+
+def tiers_lines(s: dict, settings: dict) -> list[str]:
+    """settings: the run's tiers section, plus the priority its persists ran at."""
+    n = len(s["local"])
+    lines = [f"TIERS (local_root {settings['local_root']}: every checkpoint, replication {settings['replication']}; "
+             f"the storage under test: {_every(settings['persistent_every'])}):",
+             f"  {'local saves':28s} {n}, {s['local_s_mean']:.4f} s each, {s['local_gib_s_mean']:.4f} GiB/s "
+             f"({s['local_per_rank_gib_s_mean']:.4f} per rank, {s['local_per_node_gib_s_mean']:.4f} per node)"]
+    if s["foreground_slowdown"] is not None:
+        lines.append(f"  {'local save with a persist':28s} {s['local_s_during_persist']:.4f} s ({s['local_during_persist']}"
+                     f" saves) against {s['local_s_alone']:.4f} s without ({s['local_alone']}): "
+                     f"{s['foreground_slowdown']:.2f}x (the background save's cost to the foreground)")
+    else:
+        lines.append(f"  {'local save with a persist':28s} n/a: {s['local_during_persist']} local save(s) ran beside "
+                     f"a persist, {s['local_alone']} without; the ratio needs both")
+    for r in s["persistent"]:
+        staged = (f"; the foreground staged it in {r['staging_s']:.4f} s and waited {r['wait_s']:.4f} s for the "
+                  "previous one" if "staging_s" in r else "")
+        lines.append(f"  {'persistent save ' + str(r['step']):28s} {r['duration_s']:.4f} s at {r['gib_s']:.4f} "
+                     f"GiB/s, interval {r['interval_s']:g} s, slack {r['slack_s']:.4f} s, "
+                     f"{'fit' if r['fit'] else 'DID NOT FIT'}{staged}")
+    lines.append(f"  {'persistent saves that fit':28s} {s['persistent_fit']} of {s['persistent_saves']} (persist "
+                 f"thread at nice {settings['nice']}, I/O class {settings['io_class']})")
+    return lines
+
+
+def _every(n: int) -> str:
+    if n == 1:
+        return "every checkpoint"
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"every {n}{suffix} checkpoint"
+
+
+def overrun_warnings(s: dict) -> list[str]:
+    late = [r for r in s["persistent"] if not r["fit"]]
+    if not late:
+        return []
+    return [f"[WARNING] persistent save(s) of checkpoint step(s) {metrics.listed([r['step'] for r in late])} did not "
+            f"fit in their {late[0]['interval_s']:g} s interval (workload.tiers.interval_s): "
+            + ", ".join(f"{r['duration_s']:.3f} s" for r in late[:8])
+            + "; the storage under test cannot keep this schedule"]
