@@ -170,8 +170,9 @@ class TiersConfig:
     persistent_every: int = 5          # K: every K-th checkpoint also goes to the storage under test
     replication: int = 2               # F: ranks' parts each rank keeps locally, its own and F-1 peers'
     replication_jump: int = 0          # ranks between a group's members; 0 = ranks per node (NVRx's default)
-    # seconds a persistent save must fit in (the training until the next one);
-    # 0 = persistent_every x checkpoint.time_between_checkpoints (DLIO's computation time)
+    # seconds a persistent save must fit in (the training until the next one); 0 = persistent_every x
+    # DLIO's computation between checkpoints: a training workflow's steps_between_checkpoints x
+    # train.computation_time, else checkpoint.time_between_checkpoints
     interval_s: float = 0.0
     persistent_nice: int = 10          # the persisting thread's nice, raised to it (Megatron's persistent worker: 10)
     persistent_io: str = "idle"        # idle | normal: its I/O class (Megatron's persistent worker: 3, idle)
@@ -195,6 +196,8 @@ class RunConfig:
     parallelism: plan.Parallelism
     chunk_size: int
     read_size: int = 8 * MiB
+    #: DLIO's computation between two checkpoints of a training workflow (0: none)
+    training_s: float = 0.0
 
     @property
     def read_parallelism(self) -> int:
@@ -275,7 +278,7 @@ class RunConfig:
     def persistent_interval_s(self) -> float:
         """Seconds a persistent save must fit in (tiers.interval_s, else DLIO's time between them)."""
         t = self.tiers
-        return t.interval_s or t.persistent_every * self.checkpoint.time_between_checkpoints
+        return t.interval_s or t.persistent_every * (self.training_s or self.checkpoint.time_between_checkpoints)
 
     @property
     def model(self) -> ModelConfig:
@@ -457,7 +460,8 @@ def load_config(workload: DictConfig | dict, comm_size: int) -> RunConfig:
 
     _check_restore(c, comm_size)
     read_size = _check_model_load(s, layout, read_size)
-    _check_tiers(s, layout)
+    training_s = training_between_checkpoints(workload, c)
+    _check_tiers(s, layout, training_s)
 
     shape = plan.ModelShape(m.num_layers, m.transformer.hidden_size, m.transformer.ffn_hidden_size,
                             m.transformer.vocab_size, m.transformer.num_attention_heads,
@@ -466,7 +470,7 @@ def load_config(workload: DictConfig | dict, comm_size: int) -> RunConfig:
                            m.parallelism.data, c.mode, c.layout,
                            safetensors_plan.parse_shard_size("workload.model_load.max_shard_size",
                                                              s.model_load.max_shard_size), c.replicas)
-    cfg = RunConfig(s, shape, par, chunk, read_size)
+    cfg = RunConfig(s, shape, par, chunk, read_size, training_s)
     try:
         layout.validate(shape, par, comm_size)
         layout.validate_job(shape, par, cfg.load_job(comm_size))
@@ -524,7 +528,24 @@ def local_path(root: str) -> Optional[str]:
     return os.path.realpath("/" + rest.lstrip("/")) if scheme in ("file", "direct") else None
 
 
-def _check_tiers(s: WorkloadSections, layout: Layout) -> None:
+def training_between_checkpoints(workload: DictConfig | dict, c: CheckpointConfig) -> float:
+    """DLIO's computation between two checkpoints of a training workflow:
+    checkpoint.steps_between_checkpoints x train.computation_time (its mean
+    when a distribution); 0 where the workflow does not train or checkpoints
+    per epoch (an epoch's steps follow from the dataset, not from this section)."""
+    workflow = workload.get("workflow") or {}
+    if not workflow.get("train") or c.steps_between_checkpoints <= 0:
+        return 0.0
+    compute = (workload.get("train") or {}).get("computation_time", 0)
+    if isinstance(compute, (dict, DictConfig)):
+        compute = compute.get("mean", 0)
+    try:
+        return c.steps_between_checkpoints * max(0.0, float(compute))
+    except (TypeError, ValueError):
+        return 0.0
+
+
+def _check_tiers(s: WorkloadSections, layout: Layout, training_s: float) -> None:
     """workload.tiers' keys, against each other and the checkpoint section."""
     t, c = s.tiers, s.checkpoint
     if not t.local_root:
@@ -536,10 +557,12 @@ def _check_tiers(s: WorkloadSections, layout: Layout) -> None:
                           "0 (the ranks per node) or a positive integer")
     if t.interval_s < 0:
         raise ConfigError("workload.tiers.interval_s", t.interval_s, "seconds >= 0")
-    if not t.interval_s and not c.time_between_checkpoints:
+    if not t.interval_s and not (training_s or c.time_between_checkpoints):
         raise ConfigError("workload.tiers.interval_s", t.interval_s,
-                          "seconds > 0, or a checkpoint.time_between_checkpoints > 0 to take it from (the training "
-                          "between checkpoints): a persistent save must fit in some interval")
+                          "seconds > 0, or DLIO's computation between checkpoints to take it from "
+                          "(checkpoint.time_between_checkpoints > 0, or a training workflow's "
+                          "checkpoint.steps_between_checkpoints x train.computation_time): a persistent save must "
+                          "fit in some interval")
     if isinstance(t.persistent_nice, bool) or not 0 <= t.persistent_nice <= 19:
         raise ConfigError("workload.tiers.persistent_nice", t.persistent_nice, "a nice value from 0 to 19")
     if t.persistent_io not in PERSISTENT_IO:

@@ -49,8 +49,8 @@ def test_tiers_keys_are_checked_against_each_other_and_the_checkpoint_folder(tmp
     refusals = [
         ({"local_root": str(tmp_path / "ckpt" / "local")}, "workload.tiers.local_root=.*outside the checkpoint folder"),
         ({"local_root": str(tmp_path)}, "workload.tiers.local_root=.*not holding it"),
-        ({"interval_s": 0.0}, "workload.tiers.interval_s=0.0; allowed: seconds > 0, or a "
-                              "checkpoint.time_between_checkpoints"),
+        ({"interval_s": 0.0}, "workload.tiers.interval_s=0.0; allowed: seconds > 0, or DLIO's computation "
+                              r"between checkpoints to take it from \(checkpoint.time_between_checkpoints > 0"),
         ({"persistent_every": 5}, "workload.checkpoint.num_checkpoints_write=4; allowed: at least "
                                   r"tiers.persistent_every \(5\)"),
         ({"persistent_io": "realtime"}, "workload.tiers.persistent_io='realtime'; allowed: idle or normal"),
@@ -68,6 +68,14 @@ def test_the_interval_is_dlio_s_training_time_between_persistent_saves_unless_gi
         "checkpoint": {"checkpoint_folder": str(tmp_path / "c"), "num_checkpoints_write": 7,
                        "num_checkpoints_read": 0, "time_between_checkpoints": 2.5}}), 2)
     assert cfg.persistent_interval_s == 7.5 and cfg.steps_saved() == [3, 6]
+    # a training workflow's computation: steps between checkpoints x computation_time (its mean)
+    for compute in (0.5, {"mean": 0.5, "stdev": 0.1}):
+        trained = load_config(OmegaConf.create({
+            "model": SHAPE, "workflow": {"train": True, "checkpoint": True}, "train": {"computation_time": compute},
+            "tiers": {"local_root": str(tmp_path / "l"), "persistent_every": 3},
+            "checkpoint": {"checkpoint_folder": str(tmp_path / "c"), "num_checkpoints_write": 7,
+                           "num_checkpoints_read": 0, "steps_between_checkpoints": 20}}), 2)
+        assert trained.persistent_interval_s == 3 * 20 * 0.5
     with pytest.raises(ConfigError, match="workload.checkpoint.num_checkpoints_read=1; allowed: 0 with tiers"):
         load_config(OmegaConf.create({"model": SHAPE, "tiers": {"local_root": str(tmp_path / "l"), "interval_s": 1},
                                       "checkpoint": {"checkpoint_folder": str(tmp_path / "c"),
