@@ -25,6 +25,8 @@ MECHANISM_CLASS = "dlio_ckpt_ext.dlio.mechanism.StreamingCheckpointing"
 #: it through the POSIX backend (O_DIRECT both ways, nothing else allowed)
 STORAGE_TYPES = ("local_fs", "parallel_fs", "s3", "direct_fs")
 ASYNC_MODES = ("disabled", "async")
+#: one checkpoint: (step, epoch), the two numbers its directory is named from
+CheckpointId = tuple[int, int]
 MiB = 1 << 20
 #: read requests in flight per rank when streaming.read_parallelism is 0, by storage type
 #: (measured: bench/remote_bench.py through an emulated remote link for s3, docs/object-storage.md)
@@ -198,6 +200,8 @@ class RunConfig:
     read_size: int = 8 * MiB
     #: DLIO's computation between two checkpoints of a training workflow (0: none)
     training_s: float = 0.0
+    #: a training workflow: DLIO's training loop decides which checkpoints are saved and names them
+    trains: bool = False
 
     @property
     def read_parallelism(self) -> int:
@@ -232,12 +236,19 @@ class RunConfig:
 
     def steps_saved(self) -> list[int]:
         """The checkpoints this run saves to the storage under test: every one,
-        or with tiers every persistent_every-th (the others stay local)."""
+        or with tiers every persistent_every-th (the others stay local). None
+        known beforehand in a training run: DLIO's loop asks for each."""
+        if self.trains:
+            return []
         every = self.tiers.persistent_every if self.has_tiers else 1
         return [s for s in range(1, self.checkpoint.num_checkpoints_write + 1) if s % every == 0]
 
     def steps_read(self) -> list[int]:
         return sorted({self.read_step(k) for k in range(1, self.checkpoint.num_checkpoints_read + 1)})
+
+    def checkpoints_saved(self) -> list[CheckpointId]:
+        """steps_saved as checkpoint ids (a checkpoint-only run's are all of epoch 1)."""
+        return [(s, 1) for s in self.steps_saved()]
 
     def checkpoints_as_loaded(self, listed: list[str]) -> list[str]:
         """The checkpoint folder's entries as a checkpoint loop that reads one
@@ -461,7 +472,8 @@ def load_config(workload: DictConfig | dict, comm_size: int) -> RunConfig:
     _check_restore(c, comm_size)
     read_size = _check_model_load(s, layout, read_size)
     training_s = training_between_checkpoints(workload, c)
-    _check_tiers(s, layout, training_s)
+    trains = bool((workload.get("workflow") or {}).get("train", False))
+    _check_tiers(s, layout, training_s, trains)
 
     shape = plan.ModelShape(m.num_layers, m.transformer.hidden_size, m.transformer.ffn_hidden_size,
                             m.transformer.vocab_size, m.transformer.num_attention_heads,
@@ -470,7 +482,10 @@ def load_config(workload: DictConfig | dict, comm_size: int) -> RunConfig:
                            m.parallelism.data, c.mode, c.layout,
                            safetensors_plan.parse_shard_size("workload.model_load.max_shard_size",
                                                              s.model_load.max_shard_size), c.replicas)
-    cfg = RunConfig(s, shape, par, chunk, read_size, training_s)
+    if trains and layout.model_load:
+        raise ConfigError("workload.workflow.train", True, f"False with checkpoint.layout {layout.name} (a "
+                          "publish is no training checkpoint)")
+    cfg = RunConfig(s, shape, par, chunk, read_size, training_s, trains)
     try:
         layout.validate(shape, par, comm_size)
         layout.validate_job(shape, par, cfg.load_job(comm_size))
@@ -545,8 +560,9 @@ def training_between_checkpoints(workload: DictConfig | dict, c: CheckpointConfi
         return 0.0
 
 
-def _check_tiers(s: WorkloadSections, layout: Layout, training_s: float) -> None:
-    """workload.tiers' keys, against each other and the checkpoint section."""
+def _check_tiers(s: WorkloadSections, layout: Layout, training_s: float, trains: bool) -> None:
+    """workload.tiers' keys, against each other and the checkpoint section
+    (whose num_checkpoints_write a training loop's saves replace)."""
     t, c = s.tiers, s.checkpoint
     if not t.local_root:
         return
@@ -570,7 +586,7 @@ def _check_tiers(s: WorkloadSections, layout: Layout, training_s: float) -> None
     if layout.model_load:
         raise ConfigError("workload.tiers.local_root", t.local_root,
                           f'"" with checkpoint.layout {layout.name} (a publish is no training checkpoint)')
-    if c.num_checkpoints_write < t.persistent_every:
+    if c.num_checkpoints_write < t.persistent_every and not trains:
         raise ConfigError("workload.checkpoint.num_checkpoints_write", c.num_checkpoints_write,
                           f"at least tiers.persistent_every ({t.persistent_every}): a tiered run saves at least "
                           "one persistent checkpoint")

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Callable, Optional
 
 from dlio_ckpt_ext import load_plan, plan
-from dlio_ckpt_ext.config import RunConfig
+from dlio_ckpt_ext.config import CheckpointId, RunConfig
 from dlio_ckpt_ext.engine import (BufferPool, ContentSpec, FileStats, FileWindow, derive_seed, load_file,
                                   send_file, write_from_memory)
 from dlio_ckpt_ext.engine.buffers import PAGE, allocate, release
@@ -144,24 +144,24 @@ class Checkpointer:
             self._prefixes[rank] = {f.name: f.prefix for f in self.rank_plan(rank).all_files if f.prefix}
         return self._prefixes[rank].get(name, b"")
 
-    def expected_sizes(self, steps: list[int], epoch: int = 1) -> dict[str, int]:
+    def expected_sizes(self, checkpoints: list[CheckpointId]) -> dict[str, int]:
         """Every file of the given checkpoints, all ranks, path -> size."""
         files = self.checkpoint_files()
-        return {f"{self.directory(s, epoch)}/{name}": size for s in steps for name, size in files.items()}
+        return {f"{self.directory(s, e)}/{name}": size for s, e in checkpoints for name, size in files.items()}
 
     def checkpoint_files(self) -> dict[str, int]:
         """Every rank's files of one checkpoint, name (below its directory) -> size."""
         return {f.name: f.size for r in range(self.job.saved_ranks)
                 for f in self.rank_plan(r).all_files}
 
-    def planned_writes(self, steps: list[int], epoch: int = 1) -> dict:
+    def planned_writes(self, checkpoints: list[CheckpointId]) -> dict:
         """Where the given checkpoints go and what each holds (all ranks): enough
         to open the storage again after the run and tell complete checkpoints
         from half-written ones. The names are the same in every checkpoint, so
         they are listed once (a 1T run has tens of thousands)."""
         sto = self.cfg.storage
         return {"storage_type": sto.storage_type, "root": self.root, "storage_options": dict(sto.storage_options),
-                "directories": {str(s): self.directory(s, epoch) for s in steps},
+                "directories": {str(s) if e == 1 else f"{e}/{s}": self.directory(s, e) for s, e in checkpoints},
                 "files": self.checkpoint_files()}
 
     # -- I/O --------------------------------------------------------------
@@ -399,17 +399,17 @@ class Checkpointer:
             self.cfg.read_parallelism, self.gen_threads, progress, self.cfg.read_size, self._spans(step),
             r.offset, r.length, cuts=r.cuts)])[0]
 
-    def inventory(self, steps: list[int], epoch: int = 1, saved: bool = False) -> dict:
+    def inventory(self, checkpoints: list[CheckpointId], saved: bool = False) -> dict:
         """Compare one listing of the checkpoint folder with the plan; after
         this run's saves (`saved`), also the layout's tracker at the root.
 
         Call on one rank only: a listing per rank is a LIST storm at scale.
         """
-        expected = self.expected_sizes(steps, epoch)
+        expected = self.expected_sizes(checkpoints)
         found = {}
-        for step in steps:
+        for step, epoch in checkpoints:
             found.update(self.backend.list_sizes(self.directory(step, epoch)))
-        tracker = self.layout.tracker(max(steps)) if saved and steps else None
+        tracker = self.layout.tracker(max(s for s, _ in checkpoints)) if saved and checkpoints else None
         if tracker:
             name, content = tracker
             expected[name] = len(content)
@@ -426,20 +426,20 @@ class Checkpointer:
                                 f"{len(missing)} missing, {len(wrong)} with a wrong size"))
         return result
 
-    def remove_written(self, steps: list[int], epoch: int = 1) -> int:
+    def remove_written(self, checkpoints: list[CheckpointId]) -> int:
         """Delete exactly the files this rank wrote in the given checkpoints (as
         many a request as the storage takes): every rank its own, so cleanup
         lasts the slowest rank's share. Returns the files deleted."""
         mine = self.rank_plan(self.rank)
-        tracker = self.layout.tracker(max(steps)) if mine.commit_files and steps else None
-        return self.backend.delete_files([f"{self.directory(s, epoch)}/{f.name}" for s in steps
+        tracker = self.layout.tracker(max(s for s, _ in checkpoints)) if mine.commit_files and checkpoints else None
+        return self.backend.delete_files([f"{self.directory(s, e)}/{f.name}" for s, e in checkpoints
                                           for f in mine.all_files] + ([tracker[0]] if tracker else []))
 
-    def remove_empty_dirs(self, steps: list[int], epoch: int = 1) -> None:
+    def remove_empty_dirs(self, checkpoints: list[CheckpointId]) -> None:
         """After every rank's remove_written, on one rank: the step directories that
         left empty (never one holding files this run did not write)."""
         subdirs = self.layout.subdirs(self.cfg.shape, self.cfg.parallelism, self.job.saved_ranks)
-        for step in steps:
+        for step, epoch in checkpoints:
             directory = self.directory(step, epoch)
             for sub in reversed(subdirs):
                 self.backend.remove_empty_dir(f"{directory}/{sub}")

@@ -2,6 +2,7 @@
 DLIO's task function (after DLIO initialised MPI)."""
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import sys
@@ -142,6 +143,7 @@ def check_workload(workload: DictConfig) -> None:
                               "local_fs (O_DIRECT reads and writes by default), parallel_fs or s3: direct_fs "
                               "is MLCommons' DLIO fork's storage type, and this DLIO has none")
         check_memory(cfg, topology(comm).ranks_per_node, comm.size)
+        check_dataset(workload, cfg.storage.storage_type)
         name = str(OmegaConf.select(workload, "checkpoint.checkpoint_mechanism_classname") or "")
         module, _, cls = name.rpartition(".")
         try:
@@ -154,6 +156,26 @@ def check_workload(workload: DictConfig) -> None:
                               "built-in mechanism)")
     except ConfigError as exc:
         _stop(comm, str(exc))
+
+
+def check_dataset(workload: DictConfig, storage_type: str) -> None:
+    """What DLIO's data side needs where a workflow trains or generates data
+    (a checkpoint-only run touches no dataset)."""
+    from dlio_ckpt_ext.errors import ConfigError
+    wf = workload.get("workflow", {}) or {}
+    if not (wf.get("train") or wf.get("generate_data")):
+        return
+    folder = str(OmegaConf.select(workload, "dataset.data_folder") or "")
+    if storage_type == "s3" and not folder.startswith("/"):
+        raise ConfigError("workload.dataset.data_folder", folder or None,
+                          "an absolute path on a file system with storage_type s3 (the checkpoints go to "
+                          "storage_root): DLIO's data generators and readers open dataset files with local file "
+                          "APIs (np.savez, np.load, h5py, PIL, tf.data), so its dataset cannot live in the object store")
+    framework = str(workload.get("framework", "") or "")
+    if wf.get("train") and framework == "pytorch" and importlib.util.find_spec("torch") is None:
+        raise ConfigError("workload.framework", framework,
+                          "tensorflow (with ++workload.reader.data_loader=tensorflow) in this environment: DLIO's "
+                          "pytorch data loader needs torch, which this package does not install; or install torch")
 
 
 def _used(folder: str) -> bool:
@@ -223,6 +245,10 @@ class CheckpointWorkloadCallback(Callback):
             _fail_this_job(str(exc))
             return
         storage.install()
+        if (workload.get("workflow", {}) or {}).get("train"):
+            from dlio_ckpt_ext.dlio import training
+            training.reset()
+            training.install()
         choose_workflow(workload)
 
     def on_job_end(self, config: DictConfig, job_return: Any, **kwargs: Any) -> None:

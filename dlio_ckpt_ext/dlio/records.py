@@ -51,6 +51,8 @@ class CheckpointSession(Protocol):
     #: tiers: rank 0's local-save windows and TIERS figures (None without tiers)
     tier_windows: list[dict]
     tiers_summary: Optional[dict]
+    #: a training run: rank 0's TRAINING figures (None in a checkpoint-only run)
+    training_summary: Optional[dict]
 
     def tier_settings(self) -> dict: ...
 
@@ -83,7 +85,7 @@ def write_running(session: CheckpointSession) -> None:
     metrics.write_json(os.path.join(session.output_folder, RUNNING_FILE), {
         "status": "running", "start_time": session.start_time, "start_time_utc": _utc(session.start_time),
         "command": redact_args(sys.argv), "ranks": session.size, "hosts": list(topo.hosts),
-        "checkpoints": redact_tree(session.checkpointer.planned_writes(session.config.steps_saved())),
+        "checkpoints": redact_tree(session.checkpointer.planned_writes(session.config.checkpoints_saved())),
         "keep_files": c.keep_files})
 
 
@@ -206,4 +208,6 @@ def write_run_record(session: CheckpointSession, reports: dict) -> None:
         record["tiers"] = {**session.tiers_summary, "settings": session.tier_settings(),
                            "local_windows": session.tier_windows,
                            "persistent_are": "the save figures (save.per_checkpoint): each persistent save's window"}
+    if session.training_summary is not None:
+        record["training"] = session.training_summary
     metrics.write_json(os.path.join(folder, RECORD_FILE), record)

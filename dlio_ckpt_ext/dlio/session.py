@@ -24,8 +24,8 @@ from dlio_ckpt_ext.checkpoint.background import BackgroundPersist
 from dlio_ckpt_ext.checkpoint.local_tier import LocalTier
 from dlio_ckpt_ext.checkpoint.priority import lower_this_thread
 from dlio_ckpt_ext.checkpoint.checkpointer import Checkpointer, inventory_error
-from dlio_ckpt_ext.config import RunConfig, load_config
-from dlio_ckpt_ext.dlio import metrics, records, tier_report, tiers, trace
+from dlio_ckpt_ext.config import CheckpointId, RunConfig, load_config
+from dlio_ckpt_ext.dlio import metrics, records, tier_report, tiers, trace, training, training_report
 from dlio_ckpt_ext.dlio.mpi import SharingGroups, Topology, abort, launcher_stream, topology, user_terminal
 from dlio_ckpt_ext.dlio.ownership import Folder, Lease
 from dlio_ckpt_ext.dlio.stalls import StallWatch
@@ -173,6 +173,15 @@ class CheckpointSession:
         self.sharing: Optional[SharingGroups] = None
         #: the step persisting in the background (async mode)
         self.persisting_step = 0
+        #: the saves DLIO's loop asked for; the checkpoints they put on the storage under
+        #: test (every one, or with tiers every persistent_every-th), in order
+        self.saves_made = 0
+        self.saved: list[CheckpointId] = []
+        #: a training run: each saved checkpoint's training iteration
+        self.iterations: dict[CheckpointId, int] = {}
+        #: a training run: each save call as the loop saw it; rank 0 after finalize: TRAINING
+        self.training_saves: list[dict] = []
+        self.training_summary: Optional[dict] = None
         #: what abort_on_error is guarding now (None: between our operations)
         self.doing: Optional[str] = None
         # reentrant: the main thread's signal handler may run while that thread holds it
@@ -212,9 +221,9 @@ class CheckpointSession:
         with self.abort_on_error("claiming the checkpoint folder"):
             self._claim_folders("checkpoint")
         c = self.config.checkpoint
-        if c.num_checkpoints_write == 0:
+        if c.num_checkpoints_write == 0 and not self.config.trains:
             # Reading an earlier run's checkpoints: check they are all there first.
-            self._check_inventory(self.config.steps_read())
+            self._check_inventory([(s, 1) for s in self.config.steps_read()])
         if self.rank == 0:
             with self.abort_on_error("writing the run's marker"):
                 records.write_running(self)
@@ -424,12 +433,38 @@ class CheckpointSession:
         return self.checkpointer.checkpoint_bytes()
 
     def save(self, epoch: int, step: int) -> list[FileStats]:
+        """One checkpoint DLIO's loop asks for. In a training run the loop
+        decides which and names it; every save's call is timed (the loop's stall)."""
+        self.saves_made += 1
+        iteration = step
+        if self.config.trains:
+            steps = training.loop().steps
+            step, epoch = training.checkpoint_id(self.config.layout, epoch, step, steps)
+            iteration = steps or step
+            self.iterations[(step, epoch)] = iteration
+        persistent = self.tier is None or self.saves_made % self.config.tiers.persistent_every == 0
+        start = time.time()
         if self.tier is not None:
-            return self._save_tiered(epoch, step)
-        if self.config.is_async:
-            return self._save_async(epoch, step)
-        return self._checkpoint("save", epoch, step,
-                                lambda s, e, bar: self.checkpointer.save(s, e, bar, self._barrier))
+            files = self._save_tiered(epoch, step, iteration, persistent)
+        elif self.config.is_async:
+            files = self._save_async(epoch, step)
+        else:
+            files = self._checkpoint("save", epoch, step,
+                                     lambda s, e, bar: self.checkpointer.save(s, e, bar, self._barrier))
+        end = time.time()
+        if persistent:
+            self.saved.append((step, epoch))
+        if self.config.trains:
+            if not self.config.is_async:
+                training.io_windows().closed.append((start, end))
+            self.training_saves.append({"step": step, "epoch": epoch, "iteration": iteration, "start": start, "end": end,
+                                        **training.loop().saved(end)})
+        return files
+
+    def label(self, step: int, epoch: int) -> int:
+        """The number a checkpoint goes by in lines and records: its step, or in a
+        training run its training iteration (DLIO's step restarts every epoch)."""
+        return self.iterations.get((step, epoch), step)
 
     def load(self, epoch: int, step: int) -> list[FileStats]:
         self.drain()
@@ -438,33 +473,37 @@ class CheckpointSession:
     def _save_async(self, epoch: int, step: int) -> list[FileStats]:
         """Wait for the previous persist, stage, start persisting, return: what
         blocks training. The staging copy and the wait are each measured."""
-        with self.abort_on_error(f"checkpoint save {step}"), self._span("save", step):
+        label = self.label(step, epoch)
+        with self.abort_on_error(f"checkpoint save {label}"), self._span("save", label):
             start = time.time()
             waited, wait_s = self.persister.wait()
             staged = self.checkpointer.stage(step, epoch)
-            self.persisting_step = step
-            self.persister.start(lambda: self._persist(epoch, step), name=f"persist-{step}")
+            self.persisting_step = label
+            self.persister.start(lambda: self._persist(epoch, step), name=f"persist-{label}")
             end = time.time()
-        self.blocked.append({"step": step, "start": start, "end": end, "waited": waited, "wait_s": wait_s,
+        self.blocked.append({"step": label, "start": start, "end": end, "waited": waited, "wait_s": wait_s,
                              "staging_s": staged["staging_s"], "fill_s": staged["fill_s"],
                              "blocked_s": wait_s + staged["staging_s"], "call_s": end - start,
                              "bytes": staged["bytes"]})
         return []
 
-    def _save_tiered(self, epoch: int, step: int) -> list[FileStats]:
-        """Tiers: every checkpoint to the local tier in the foreground, every
-        persistent_every-th also persisted to the storage under test in the background."""
-        with self.abort_on_error(f"local checkpoint save {step}"), self._span("local", step):
+    def _save_tiered(self, epoch: int, step: int, iteration: int, persistent: bool) -> list[FileStats]:
+        """Tiers: every checkpoint to the local tier in the foreground (named by
+        its training iteration, as NVRx names it), every persistent_every-th
+        also persisted to the storage under test in the background."""
+        with self.abort_on_error(f"local checkpoint save {iteration}"), self._span("local", iteration):
             start, usage = time.time(), process_usage()
-            self.stall_watch.begin("local save", step)
+            self.stall_watch.begin("local save", iteration)
             try:
-                files = tiers.save_local(self.tier, step, self._ticking(None), self._barrier)
+                files = tiers.save_local(self.tier, iteration, self._ticking(None), self._barrier)
             finally:
                 self.stall_watch.end()
                 self.tier.current_file = ""
             end = time.time()
-        self.tier_records.append(metrics.local_record(step, files, start, end, usage_since(usage)))
-        if step % self.config.tiers.persistent_every == 0:
+        self.tier_records.append(metrics.local_record(iteration, files, start, end, usage_since(usage)))
+        if self.config.trains:
+            training.io_windows().closed.append((start, end))
+        if persistent:
             self._save_async(epoch, step)
         return []
 
@@ -473,26 +512,30 @@ class CheckpointSession:
         window is what the save [METRIC] lines report). A tiered run's runs
         at the persistent tier's priority, and rank 0 says at once when one
         outlasts its interval."""
-        late = None
+        late, label = None, self.label(step, epoch)
         if self.tier is not None:
             t = self.config.tiers
             self.persist_priority = lower_this_thread(t.persistent_nice, t.persistent_io)
             if self.rank == 0:
                 late = threading.Timer(self.config.persistent_interval_s, self._say_now, [
-                    f"[WARNING] persistent save of checkpoint {step} is still running after its interval of "
+                    f"[WARNING] persistent save of checkpoint {label} is still running after its interval of "
                     f"{self.config.persistent_interval_s:g} s (workload.tiers.interval_s): the next persistent "
                     "save (or the run's end) will wait for it"])
                 late.daemon = True
                 late.start()
         start, usage, retried = time.time(), process_usage(), self.checkpointer.backend.retry_counts()
+        busy = training.io_windows()
+        busy.open_since = start
         try:
-            with self._span("persist", step):
+            with self._span("persist", label):
                 files = self.checkpointer.persist(step, epoch, self.persister.check, self.persist_comm.Barrier)
         finally:
             if late is not None:
                 late.cancel()
         end = time.time()
-        self.local["save"].append(metrics.local_record(step, files, start, end, usage_since(usage),
+        busy.closed.append((start, end))
+        busy.open_since = None
+        self.local["save"].append(metrics.local_record(label, files, start, end, usage_since(usage),
                                                        self._retries_since(retried)))
         self.files["save"].extend(files)
 
@@ -505,17 +548,18 @@ class CheckpointSession:
 
     def _checkpoint(self, phase: str, epoch: int, step: int,
                     action: Callable[..., list[FileStats]]) -> list[FileStats]:
-        with self.abort_on_error(f"checkpoint {phase} {step}"), self._progress(phase, step) as bar, \
-                self._span(phase, step):
+        label = self.label(step, epoch)
+        with self.abort_on_error(f"checkpoint {phase} {label}"), self._progress(phase, label) as bar, \
+                self._span(phase, label):
             start, usage, retried = time.time(), process_usage(), self.checkpointer.backend.retry_counts()
-            self.stall_watch.begin(phase, step)
+            self.stall_watch.begin(phase, label)
             try:
                 files = action(step, epoch, self._ticking(bar))
             finally:
                 self.stall_watch.end()
             end = time.time()
             usage = usage_since(usage)
-        record = metrics.local_record(step, files, start, end, usage, self._retries_since(retried))
+        record = metrics.local_record(label, files, start, end, usage, self._retries_since(retried))
         if phase == "load" and self.sharing is not None:
             record.update(self.checkpointer.last_broadcast)
         self.local[phase].append(record)
@@ -614,12 +658,12 @@ class CheckpointSession:
             if term is not sys.stdout:
                 term.close()
 
-    def _check_inventory(self, steps: list[int], saved: bool = False) -> None:
+    def _check_inventory(self, checkpoints: list[CheckpointId], saved: bool = False) -> None:
         """Rank 0 lists once and compares with the plan; nobody else lists."""
         result = None
         if self.rank == 0:
             with self.abort_on_error("listing the checkpoints"):
-                result = self.checkpointer.inventory(steps, saved=saved)
+                result = self.checkpointer.inventory(checkpoints, saved=saved)
             print(f"[INFO] inventory: {result['message']}", flush=True)
         self.inventory = self.comm.bcast(result, root=0)
         if not self.inventory["ok"] and self.rank == 0:
@@ -630,8 +674,12 @@ class CheckpointSession:
         """Collective: gather the windows, check the inventory, write the results,
         then clean up. Called once, after the last checkpoint, on every rank."""
         self.drain()
-        self.end_time = time.time()
         c = self.config.checkpoint
+        if self.config.trains:
+            self._summarise_training()
+            if c.num_checkpoints_read:
+                self._read_after_training()
+        self.end_time = time.time()
         if self.persister is not None:
             blocked = self.comm.gather(self.blocked, root=0)
             self.persist_comm.Free()
@@ -654,13 +702,13 @@ class CheckpointSession:
                 self.tiers_summary = tier_report.tiers_summary(
                     self.tier_windows, self.windows["save"], self.config.persistent_interval_s, self.size,
                     self.async_summary["per_checkpoint"])
-        if c.num_checkpoints_write:
-            self._check_inventory(self.config.steps_saved(), saved=True)
+        if self.saved_checkpoints():
+            self._check_inventory(self.saved_checkpoints(), saved=True)
         with self.abort_on_error("writing the results"):
             self._write_results()
         self.comm.barrier()
         if not c.keep_files:
-            steps = self.config.steps_saved()
+            steps = self.saved_checkpoints()
             with self.abort_on_error("removing the checkpoints"):
                 local = self.tier.remove_all() if self.tier is not None else 0
                 removed = self.comm.reduce(self.checkpointer.remove_written(steps) + local, root=0)
@@ -679,6 +727,36 @@ class CheckpointSession:
         if self.tier is not None:
             self.tier.close()
         self.comm.barrier()
+
+    def saved_checkpoints(self) -> list[CheckpointId]:
+        """The checkpoints this run put on the storage under test: planned, or in a
+        training run the ones DLIO's loop asked for."""
+        return self.saved if self.config.trains else self.config.checkpoints_saved()
+
+    def _summarise_training(self) -> None:
+        """Collective, once the loop is over: every rank's O(1) view of it to rank 0."""
+        with self.abort_on_error("gathering the training loop's figures"):
+            parts = self.comm.gather(training_report.rank_part(training.loop(), self.training_saves), root=0)
+        if self.rank == 0:
+            mode = "tiers" if self.config.has_tiers else "async" if self.config.is_async else "sync"
+            self.training_summary = training_report.training_summary(
+                parts, training.dlio_figures(training.loop().stats), mode)
+
+    def _read_after_training(self) -> None:
+        """The newest num_checkpoints_read checkpoints the loop saved, read back
+        as DLIO's checkpoint-only read phase reads (every rank its own files,
+        between barriers): DLIO's training loop itself reads none."""
+        wanted = self.config.checkpoint.num_checkpoints_read
+        chosen = self.saved[-wanted:]
+        if self.rank == 0:
+            short = f"; only {len(self.saved)} were saved" if len(chosen) < wanted else ""
+            print(f"[INFO] reading back the {len(chosen)} newest of the {len(self.saved)} checkpoints the training "
+                  f"loop saved (checkpoint.num_checkpoints_read={wanted}{short})", flush=True)
+        for step, epoch in chosen:
+            self.comm.barrier()
+            self.load(epoch, step)
+            if self.rank_sync:
+                self.comm.barrier()
 
     def _write_results(self) -> None:
         totals = {p: phase_totals(self.files[p]) for p in PHASES}
@@ -707,6 +785,8 @@ class CheckpointSession:
         label = "[INFO] global window:" if self.dlio_reports_metrics else "[METRIC]"
         lines = [line for phase in PHASES if self.windows[phase]
                  for line in metrics.metric_lines(phase, self.windows[phase], label)]
+        if self.training_summary is not None:
+            lines += training_report.training_lines(self.training_summary)
         if self.tiers_summary is not None:
             lines += metrics.metric_lines("local save", self.tier_windows)
             lines += metrics.metric_lines("persist", self.windows["save"])

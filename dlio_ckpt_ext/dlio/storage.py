@@ -12,7 +12,10 @@ workload whose checkpoint_mechanism_classname is our mechanism.
 from __future__ import annotations
 
 import fnmatch
+import glob
+import os
 import posixpath
+import shutil
 from typing import Callable, Optional
 
 from dlio_benchmark.common.enumerations import MetadataType, NamespaceType, StorageType
@@ -26,12 +29,19 @@ from dlio_ckpt_ext.config import MECHANISM_CLASS
 from dlio_ckpt_ext.dlio import context
 from dlio_ckpt_ext.dlio.provenance import dlio_is_mlcommons_fork
 from dlio_ckpt_ext.storage import Backend, open_backend
+from dlio_ckpt_ext.storage.posix import PosixBackend, PosixOptions
 
 OUR_TYPES = {"local_fs", "parallel_fs", "s3", "direct_fs"}
 
 
 class StreamingStorage(DataStorage):
-    """DLIO's DataStorage interface over one of our backends, rooted at storage_root."""
+    """DLIO's DataStorage interface over one of our backends, rooted at storage_root.
+
+    DLIO walks its dataset through it too (training workflows): files, folders,
+    subfolders and patterns. With storage_type s3 the dataset stays on a file
+    system (dataset.data_folder, an absolute path): DLIO's data generators and
+    readers open dataset files with local file APIs (np.savez/np.load, h5py,
+    PIL, tf.data) at the path get_uri gives, whatever the storage type."""
 
     def __init__(self, storage_type: str, namespace: str, options: Optional[dict] = None) -> None:
         super().__init__(None)  # no framework: its native I/O is never used here
@@ -39,6 +49,19 @@ class StreamingStorage(DataStorage):
         self.backend: Backend = open_backend(storage_type, namespace, dict(options or {}))
         kind = NamespaceType.FLAT if storage_type == "s3" else NamespaceType.HIERARCHICAL
         self.namespace = Namespace(namespace, kind)
+        folder = str(getattr(ConfigArguments.get_instance(), "data_folder", "") or "")
+        #: s3: the dataset's own folder on a file system, and the backend that reaches it
+        self.dataset_folder = posixpath.normpath(folder) if storage_type == "s3" and folder.startswith("/") \
+            else None
+        self.dataset_backend: Optional[Backend] = PosixBackend("/", PosixOptions("buffered", "buffered"), False) \
+            if self.dataset_folder else None
+
+    def _route(self, id: str) -> tuple[Backend, str]:
+        """The backend holding node `id`, and the id relative to it."""
+        id = str(id)
+        if self.dataset_folder and (id == self.dataset_folder or id.startswith(self.dataset_folder + "/")):
+            return self.dataset_backend, posixpath.normpath(id)
+        return self.backend, self._rel(id)
 
     def _rel(self, id: str) -> str:
         """A node id relative to the namespace (DLIO passes relative ids, or
@@ -53,8 +76,12 @@ class StreamingStorage(DataStorage):
         # an absolute local path stays absolute (the backend joins it as such)
         return id.lstrip("/") if self.storage_type == "s3" else id
 
+    def _local(self, backend: Backend) -> bool:
+        return backend is self.dataset_backend or self.storage_type != "s3"
+
     def get_uri(self, id: str) -> str:
-        return self.backend.uri(self._rel(id))
+        backend, rel = self._route(id)
+        return backend.uri(rel)
 
     def create_namespace(self, exist_ok: bool = False) -> bool:
         self.backend.prepare("")
@@ -64,17 +91,22 @@ class StreamingStorage(DataStorage):
         return self.namespace.name
 
     def create_node(self, id: str, exist_ok: bool = False) -> bool:
-        self.backend.prepare(self._rel(id))
+        backend, rel = self._route(id)
+        backend.prepare(rel)
         return True
 
     def get_node(self, id: str = "") -> Optional[MetadataType]:
-        rel = self._rel(id)
-        parent, name = posixpath.split(rel)
+        backend, rel = self._route(id)
         if not rel:
             return MetadataType.DIRECTORY
-        if name not in self.backend.children(parent):
+        if self._local(backend):  # one stat, no listing
+            path = backend.uri(rel)
+            return MetadataType.DIRECTORY if os.path.isdir(path) else \
+                MetadataType.FILE if os.path.exists(path) else None
+        parent, name = posixpath.split(rel)
+        if name not in backend.children(parent):
             return None
-        return MetadataType.DIRECTORY if self.backend.children(rel) else MetadataType.FILE
+        return MetadataType.DIRECTORY if backend.children(rel) else MetadataType.FILE
 
     def walk_node(self, id: str, use_pattern: bool = False) -> list[str]:
         # DLIO counts the checkpoints here before reading them: an async run's
@@ -83,19 +115,27 @@ class StreamingStorage(DataStorage):
         session = active_session()
         if session is not None:
             session.drain()
-        rel = self._rel(id)
+        backend, rel = self._route(id)
         if not use_pattern:
-            listed = self.backend.children(rel)
+            listed = backend.children(rel)
             if session is not None and rel == self._rel(ConfigArguments.get_instance().checkpoint_folder):
                 return session.config.checkpoints_as_loaded(listed)
             return listed
-        parent, pattern = posixpath.split(rel)
-        return [self.backend.uri(posixpath.join(parent, n)) for n in self.backend.children(parent)
-                if fnmatch.fnmatch(n, pattern)]
+        if self._local(backend):
+            return sorted(glob.glob(backend.uri(rel)))
+        return [backend.uri(key) for key in matching_keys(backend, rel)]
 
     def delete_node(self, id: str) -> bool:
-        """Only single files: a benchmark deletes what it wrote, never a tree."""
-        return self.backend.delete_file(self._rel(id))
+        """Single files, and DLIO's dataset folder (DLIO removes it when
+        keep_files is False, as its own storage does); never another tree."""
+        backend, rel = self._route(id)
+        if self._local(backend) and os.path.isdir(backend.uri(rel)):
+            args = ConfigArguments.get_instance()
+            if posixpath.normpath(str(id)) != posixpath.normpath(str(args.data_folder)):
+                return False
+            shutil.rmtree(backend.uri(rel))
+            return True
+        return backend.delete_file(rel)
 
     def isfile(self, id: str) -> bool:
         return self.get_node(id) == MetadataType.FILE
@@ -105,6 +145,18 @@ class StreamingStorage(DataStorage):
 
     def islocalfs(self) -> bool:
         return self.storage_type != "s3"
+
+
+def matching_keys(backend: Backend, pattern: str) -> list[str]:
+    """The object keys (relative to the backend's root) matching a glob pattern
+    whose wildcards match within one path component, as a file system's glob:
+    one listing below the pattern's fixed leading folders."""
+    parts = pattern.split("/")
+    fixed = next((i for i, p in enumerate(parts) if any(c in p for c in "*?[")), len(parts))
+    base = "/".join(parts[:fixed])
+    keys = backend.list_sizes(base) if fixed < len(parts) else {}
+    return sorted(k for k in keys if len(k.split("/")) == len(parts)
+                  and all(fnmatch.fnmatchcase(a, b) for a, b in zip(k.split("/"), parts)))
 
 
 def ours(args: ConfigArguments) -> bool:

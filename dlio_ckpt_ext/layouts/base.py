@@ -31,6 +31,9 @@ class Layout:
     mlperf_closed = False
     #: checkpoint.replicas means something to it (Orbax's slices); the others refuse it
     has_replicas = False
+    #: its checkpoint names carry DLIO's epoch beside the step (DLIO's own names);
+    #: the others name a checkpoint by the training iteration alone, as their frameworks do
+    names_epoch = False
 
     # -- names ----------------------------------------------------------------
     def checkpoint_dir(self, step: int, epoch: int = 1) -> str:

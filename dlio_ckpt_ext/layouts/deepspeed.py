@@ -29,6 +29,7 @@ class DeepSpeed(Layout):
     name = "deepspeed"
     framework = "DeepSpeed"
     mlperf_closed = True
+    names_epoch = True
 
     def checkpoint_dir(self, step: int, epoch: int = 1) -> str:
         return f"global_epoch{epoch}_step{step}"

@@ -181,10 +181,10 @@ def tree_sizes(root: str, directory: str) -> dict[str, int]:
 
 
 def entries(path: str) -> list[str]:
-    """The names in directory `path` (none if it is not there), a run's owner marker left out."""
+    """The names in directory `path` (none if it is not there or is a file), a run's owner marker left out."""
     try:
         return sorted(n for n in os.listdir(path) if n != OWNER_FILE)
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         return []
 
 
