@@ -421,7 +421,9 @@ def load_config(workload: DictConfig | dict, comm_size: int) -> RunConfig:
         layout = layouts.get(c.layout)
     except ConfigError as exc:
         raise ConfigError(f"workload.{exc.key}", exc.value, exc.allowed) from None
-    if 0 < c.num_checkpoints_write < c.num_checkpoints_read and not layout.model_load:
+    # a training run reads the newest of the saves its loop made, however many
+    trains = bool((workload.get("workflow") or {}).get("train", False))
+    if 0 < c.num_checkpoints_write < c.num_checkpoints_read and not layout.model_load and not trains:
         raise ConfigError("workload.checkpoint.num_checkpoints_read", c.num_checkpoints_read,
                           f"at most num_checkpoints_write ({c.num_checkpoints_write}), or set "
                           "num_checkpoints_write=0 to read checkpoints an earlier run wrote")
@@ -472,7 +474,6 @@ def load_config(workload: DictConfig | dict, comm_size: int) -> RunConfig:
     _check_restore(c, comm_size)
     read_size = _check_model_load(s, layout, read_size)
     training_s = training_between_checkpoints(workload, c)
-    trains = bool((workload.get("workflow") or {}).get("train", False))
     _check_tiers(s, layout, training_s, trains)
 
     shape = plan.ModelShape(m.num_layers, m.transformer.hidden_size, m.transformer.ffn_hidden_size,

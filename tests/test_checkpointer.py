@@ -25,12 +25,12 @@ def test_inventory_matches_what_was_written_and_catches_missing_and_short_files(
     for ck in cks:
         ck.prepare()
         ck.save(1)
-    result = cks[0].inventory([1])
+    result = cks[0].inventory([(1, 1)])
     assert result["ok"] and result["message"] == "4 files present, 4 expected, sizes match"
     files = sorted(tmp_path.rglob("*.pt"))
     os.unlink(files[0])
     os.truncate(files[1], files[1].stat().st_size - 1)
-    result = cks[0].inventory([1])
+    result = cks[0].inventory([(1, 1)])
     assert not result["ok"]
     assert result["message"] == "3 files present, 4 expected, 1 missing, 1 with a wrong size"
     message = str(inventory_error(result))
@@ -138,8 +138,8 @@ def test_with_a_barrier_only_rank_0_makes_the_directory_and_each_rank_deletes_on
     assert made == [(0, "global_epoch1_step1")]  # one mkdir, not one a rank
     assert len(barriers) == 2
     ours = {r: sorted(p.name for p in tmp_path.rglob(f"zero_pp_rank_{r}_*")) for r in (0, 1)}
-    assert cks[1].remove_written([1]) == 2
+    assert cks[1].remove_written([(1, 1)]) == 2
     assert sorted(p.name for p in tmp_path.rglob("*.pt")) == ours[0]  # rank 0's files untouched
-    assert cks[0].remove_written([1]) == 2
-    cks[0].remove_empty_dirs([1])
+    assert cks[0].remove_written([(1, 1)]) == 2
+    cks[0].remove_empty_dirs([(1, 1)])
     assert list(tmp_path.iterdir()) == []

@@ -105,7 +105,7 @@ def test_a_save_and_a_restore_at_the_same_and_another_world_size_verify(tmp_path
     for ck in writers:  # rank 0's commit (.metadata, metadata.json, then the tracker) needs no barrier here
         ck.prepare()
         ck.save(1)
-    assert writers[0].inventory([1], saved=True)["ok"]
+    assert writers[0].inventory([(1, 1)], saved=True)["ok"]
     assert (tmp_path / "latest_checkpointed_iteration.txt").read_bytes() == b"1"
     assert sorted(p.name for p in (tmp_path / "iter_0000001").iterdir()) == sorted(
         [".metadata", "metadata.json"] + [f"__{r}_0.distcp" for r in range(saved)])
@@ -120,6 +120,6 @@ def test_keep_files_false_removes_the_tracker_with_the_checkpoint(tmp_path):
     for ck in writers:
         ck.prepare()
         ck.save(1)
-    assert sum(ck.remove_written([1]) for ck in writers) == 2 + 2 + 1  # the distcp files, rank 0's two, the tracker
-    writers[0].remove_empty_dirs([1])
+    assert sum(ck.remove_written([(1, 1)]) for ck in writers) == 2 + 2 + 1  # the distcp files, rank 0's two, the tracker
+    writers[0].remove_empty_dirs([(1, 1)])
     assert list(tmp_path.iterdir()) == []

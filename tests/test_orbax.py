@@ -138,7 +138,7 @@ def test_a_save_renamed_at_its_commit_and_restores_at_the_same_and_another_world
     parallel = {"zero_stage": 0}
     writers = save(tmp_path, saved, parallel, replicas=replicas or 1)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["1"]  # no temporary folder left
-    assert writers[0].inventory([1])["ok"]
+    assert writers[0].inventory([(1, 1)])["ok"]
     assert (tmp_path / "1" / "commit_success.txt").is_file() and (tmp_path / "1" / "items" / "_METADATA").is_file()
     readers = checkpointers(tmp_path, ranks, SHAPE, parallel, layout="orbax", restore="framework",
                             saved_ranks=saved, num_checkpoints_write=0, num_checkpoints_read=1, replicas=replicas or 1)
@@ -181,6 +181,6 @@ def test_the_readers_of_a_chunk_are_exactly_the_ranks_whose_reads_hold_it(replic
 
 def test_keep_files_false_leaves_no_file_nor_folder_of_the_checkpoint(tmp_path):
     writers = save(tmp_path, 2, {"zero_stage": 0})
-    assert sum(ck.remove_written([1]) for ck in writers) == sum(len(ck.rank_plan(ck.rank).all_files) for ck in writers)
-    writers[0].remove_empty_dirs([1])  # the process folders, the item's, then the step's
+    assert sum(ck.remove_written([(1, 1)]) for ck in writers) == sum(len(ck.rank_plan(ck.rank).all_files) for ck in writers)
+    writers[0].remove_empty_dirs([(1, 1)])  # the process folders, the item's, then the step's
     assert list(tmp_path.iterdir()) == []

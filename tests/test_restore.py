@@ -46,7 +46,7 @@ def restore(folder, ranks, saved, shape, parallelism, layout):
 def test_a_resharded_restore_reads_its_plan_and_every_byte_verifies(tmp_path, layout, zero, shape, saved, ranks):
     save(tmp_path, saved, shape, {"zero_stage": zero}, layout)
     readers = restore(tmp_path, ranks, saved, shape, {"zero_stage": zero}, layout)
-    assert readers[0].inventory([1])["ok"]  # the saved layout's files, at the saved world size
+    assert readers[0].inventory([(1, 1)])["ok"]  # the saved layout's files, at the saved world size
     assert load_verified(readers) == layouts.summary(readers[0].cfg.shape, readers[0].cfg.parallelism,
                                                      readers[0].job, readers[0].cfg.read_size)["bytes_read"]
 
@@ -82,7 +82,7 @@ def test_a_damaged_byte_inside_a_range_read_is_named_at_its_offset(tmp_path):
 def test_a_restore_of_a_checkpoint_saved_at_another_size_checks_the_saved_files(tmp_path):
     save(tmp_path, 2, SHAPE, {"zero_stage": 3}, "deepspeed")
     readers = restore(tmp_path, 4, 4, SHAPE, {"zero_stage": 3}, "deepspeed")  # told 4: it was 2
-    result = readers[0].inventory([1])
+    result = readers[0].inventory([(1, 1)])
     assert not result["ok"] and result["message"] == "4 files present, 8 expected, 4 missing, 4 with a wrong size"
 
 

@@ -43,16 +43,17 @@ class StreamingStorage(DataStorage):
     readers open dataset files with local file APIs (np.savez/np.load, h5py,
     PIL, tf.data) at the path get_uri gives, whatever the storage type."""
 
-    def __init__(self, storage_type: str, namespace: str, options: Optional[dict] = None) -> None:
+    def __init__(self, storage_type: str, namespace: str, options: Optional[dict] = None,
+                 data_folder: str = "") -> None:
+        """data_folder: DLIO's dataset.data_folder."""
         super().__init__(None)  # no framework: its native I/O is never used here
         self.storage_type = storage_type
         self.backend: Backend = open_backend(storage_type, namespace, dict(options or {}))
         kind = NamespaceType.FLAT if storage_type == "s3" else NamespaceType.HIERARCHICAL
         self.namespace = Namespace(namespace, kind)
-        folder = str(getattr(ConfigArguments.get_instance(), "data_folder", "") or "")
+        self.data_folder = posixpath.normpath(data_folder) if data_folder else ""
         #: s3: the dataset's own folder on a file system, and the backend that reaches it
-        self.dataset_folder = posixpath.normpath(folder) if storage_type == "s3" and folder.startswith("/") \
-            else None
+        self.dataset_folder = self.data_folder if storage_type == "s3" and data_folder.startswith("/") else None
         self.dataset_backend: Optional[Backend] = PosixBackend("/", PosixOptions("buffered", "buffered"), False) \
             if self.dataset_folder else None
 
@@ -130,8 +131,7 @@ class StreamingStorage(DataStorage):
         keep_files is False, as its own storage does); never another tree."""
         backend, rel = self._route(id)
         if self._local(backend) and os.path.isdir(backend.uri(rel)):
-            args = ConfigArguments.get_instance()
-            if posixpath.normpath(str(id)) != posixpath.normpath(str(args.data_folder)):
+            if not self.data_folder or posixpath.normpath(str(id)) != self.data_folder:
                 return False
             shutil.rmtree(backend.uri(rel))
             return True
@@ -183,7 +183,8 @@ def install() -> None:
         if ours(args) and kind in OUR_TYPES:
             # DLIO 2.0.0 keeps no storage_options: take them from the workload
             options = OmegaConf.select(context.get_workload(), "storage.storage_options") or {}
-            return StreamingStorage(kind, namespace, OmegaConf.to_container(options) if options else {})
+            return StreamingStorage(kind, namespace, OmegaConf.to_container(options) if options else {},
+                                    str(getattr(args, "data_folder", "") or ""))
         return dlio_get_storage(storage_type, namespace, framework)
 
     storage_factory.StorageFactory.get_storage = staticmethod(get_storage)

@@ -11,8 +11,9 @@ from dlio_ckpt_ext.dlio.training import TrainingLoop
 def rank_part(loop: TrainingLoop, saves: list[dict]) -> dict:
     """What rank 0 needs of one rank: its loop's totals and its save calls
     (O(checkpoints), as the checkpoint windows are)."""
-    wall = max(loop.last_end, max((s["end"] for s in saves), default=0.0)) - (loop.first_start or 0.0)
-    return {"steps": loop.steps, "compute_s": loop.compute_s, "wall_s": wall if loop.first_start else 0.0,
+    timed = loop.first_start is not None
+    wall = max(loop.last_end, max((s["end"] for s in saves), default=0.0)) - loop.first_start if timed else 0.0
+    return {"steps": loop.steps, "compute_s": loop.compute_s, "wall_s": wall,
             "plain_steps": loop.plain_steps, "plain_step_s": loop.plain_step_s,
             "loads": {k: [t.batches, t.nbytes, t.seconds] for k, t in loop.loads.items()},
             "saves": [{k: s[k] for k in ("step", "epoch", "iteration", "start", "end", "step_s", "compute_s")} for s in saves]}
@@ -46,6 +47,7 @@ def training_summary(parts: list[dict], dlio: dict, mode: str) -> dict:
                        "gib_s_per_rank": _rate(nbytes, seconds)}
     during, clear = loads["during_save"]["gib_s_per_rank"], loads["no_save"]["gib_s_per_rank"]
     au = [p["compute_s"] / p["wall_s"] * 100 for p in parts if p["wall_s"] > 0]
+    step = [p["wall_s"] / p["steps"] for p in parts if p["steps"]]
     stalls = [c["stall_s"] for c in checkpoints]
     stall_mean, stall_std = mean_std(stalls) if stalls else (0.0, 0.0)
     saving = [c["saving_step_s"] for c in checkpoints]
@@ -57,6 +59,8 @@ def training_summary(parts: list[dict], dlio: dict, mode: str) -> dict:
             "plain_step_s": plain_s,
             "saving_step_mean_s": sum(saving) / len(saving) if saving else None,
             "au_with_checkpoints_pct": sum(au) / len(au) if au else None,
+            # the loop's time a step, saves included (mean of ranks)
+            "step_mean_s": sum(step) / len(step) if step else None,
             "dlio": dlio, "data_loader": loads,
             "loader_during_save_ratio": during / clear if during and clear else None}
 

@@ -7,8 +7,10 @@ from dlio_ckpt_ext.config import RunConfig, load_config
 from dlio_ckpt_ext.errors import ConfigError
 
 
-#: the preset kinds, by their names' ends: checkpointing (MLPerf's and ours) and model loads
-KINDS = ("_checkpoint", "_model_load")
+#: the preset kinds, by their names' ends: checkpointing (MLPerf's and ours), model loads, and
+#: checkpoints inside DLIO's training loop (whose names end in _checkpoint too)
+TRAINING = "_train_checkpoint"
+KINDS = ("_checkpoint", "_model_load", TRAINING)
 
 
 def presets(kinds: tuple[str, ...] = KINDS) -> list[str]:
@@ -20,7 +22,8 @@ def presets(kinds: tuple[str, ...] = KINDS) -> list[str]:
     else:
         import importlib.resources
         folder = Path(str(importlib.resources.files("dlio_ckpt_ext.configs") / "workload"))
-    return sorted(p.stem for kind in kinds for p in folder.glob(f"*{kind}.yaml"))
+    names = {p.stem for kind in kinds for p in folder.glob(f"*{kind}.yaml")}
+    return sorted(n for n in names if TRAINING in kinds or not n.endswith(TRAINING))
 
 
 def compose_config(workload: str, overrides: list[str], ranks: int, kinds: tuple[str, ...] = KINDS) -> RunConfig:
