@@ -32,6 +32,7 @@ BENCHES = {
     "layout_bench": "layouts: Megatron-LM's and Orbax's save and load against raw I/O",
     "zstd_ratio": "zstd on checkpoint tensors: what Orbax stores",
     "tier_bench": "two tiers: the persistent save's cost to the foreground, at normal and idle priority",
+    "training_bench": "DLIO's training loop without checkpoints and with sync, async and tiered saves: AU and step time",
     "trace_bench": "tracing cost",
     "scale_bench": "requests, start-up, end and output size as the ranks grow",
     "cpu_bench": "client CPU per GiB against raw references",
