@@ -3,6 +3,7 @@ dlio_benchmark: DLIO generates and reads its dataset through our storage
 classes, its loop asks for every save at its own names, each one is
 inventoried, verified on read and reported, and the TRAINING block's figures
 agree with the record's windows and DLIO's step counts."""
+import importlib.util
 import re
 from pathlib import Path
 
@@ -15,10 +16,12 @@ from test_dlio_run import TINY, zero3_file_sizes
 pytestmark = pytest.mark.e2e  # each test starts DLIO (conftest.py)
 
 #: the issue's run: 2 ranks, 8 files of 4 samples, batches of 2: 8 steps an
-#: epoch, 2 epochs, a checkpoint every 2 steps (DLIO 2.0.0's tensorflow loader)
+#: epoch, 2 epochs, a checkpoint every 2 steps; DLIO 2.0.0's tensorflow loader
+#: (its environment has TensorFlow), upstream's and the fork's pytorch one (theirs have torch)
 EPOCHS, STEPS_PER_EPOCH, EVERY = 2, 8, 2
+LOADER = "tensorflow" if importlib.util.find_spec("tensorflow") else "pytorch"
 TRAIN = ["++workload.workflow.generate_data=True", "++workload.workflow.train=True",
-         "++workload.framework=tensorflow", "++workload.reader.data_loader=tensorflow",
+         f"++workload.framework={LOADER}", f"++workload.reader.data_loader={LOADER}",
          "++workload.dataset.format=npz", "++workload.dataset.num_files_train=8",
          "++workload.dataset.num_samples_per_file=4", "++workload.dataset.record_length=4096",
          "++workload.reader.batch_size=2", f"++workload.train.epochs={EPOCHS}",
