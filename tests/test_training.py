@@ -149,12 +149,19 @@ def test_a_dataset_an_object_store_cannot_hold_is_refused_naming_the_key():
     check_dataset(_workload(workflow={"train": False, "generate_data": False}), "s3")  # no dataset used
 
 
-def test_the_pytorch_loader_without_torch_is_refused_with_the_way_that_works():
+@pytest.mark.parametrize("framework,module,other,other_module", [("pytorch", "torch", "tensorflow", "tensorflow"),
+                                                                  ("tensorflow", "tensorflow", "pytorch", "torch")])
+def test_a_loader_whose_framework_is_missing_is_refused_with_the_way_that_works(monkeypatch, framework, module,
+                                                                               other, other_module):
+    """DLIO 2.0.0's environment has TensorFlow and no torch, upstream's torch and no TensorFlow."""
     import importlib.util
-    if importlib.util.find_spec("torch") is not None:
-        pytest.skip("torch is installed here: DLIO's pytorch loader runs")
-    with pytest.raises(ConfigError, match=r"workload\.framework=.*tensorflow.*data_loader=tensorflow"):
-        check_dataset(_workload(framework="pytorch"), "local_fs")
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == module else object() if name == other_module else real(name, *a))
+    with pytest.raises(ConfigError, match=rf"workload\.framework='?{framework}'?; allowed: {other} \(with "
+                                          rf"\+\+workload\.reader\.data_loader={other}\).*needs {module}"):
+        check_dataset(_workload(framework=framework), "local_fs")
+    check_dataset(_workload(framework=other), "local_fs")
 
 
 def test_dlio_s_checkpoint_sizing_by_model_size_stays_refused_naming_the_key():

@@ -158,6 +158,10 @@ def check_workload(workload: DictConfig) -> None:
         _stop(comm, str(exc))
 
 
+#: what DLIO's data loader of each framework imports (neither is this package's dependency)
+FRAMEWORK_MODULES = {"pytorch": "torch", "tensorflow": "tensorflow"}
+
+
 def check_dataset(workload: DictConfig, storage_type: str) -> None:
     """What DLIO's data side needs where a workflow trains or generates data
     (a checkpoint-only run touches no dataset)."""
@@ -172,10 +176,14 @@ def check_dataset(workload: DictConfig, storage_type: str) -> None:
                           "storage_root): DLIO's data generators and readers open dataset files with local file "
                           "APIs (np.savez, np.load, h5py, PIL, tf.data), so its dataset cannot live in the object store")
     framework = str(workload.get("framework", "") or "")
-    if wf.get("train") and framework == "pytorch" and importlib.util.find_spec("torch") is None:
+    if wf.get("train") and framework in FRAMEWORK_MODULES \
+            and importlib.util.find_spec(FRAMEWORK_MODULES[framework]) is None:
+        there = [f for f, m in FRAMEWORK_MODULES.items() if importlib.util.find_spec(m) is not None]
+        instead = " or ".join(f"{f} (with ++workload.reader.data_loader={f})" for f in there) or \
+            "a framework whose module is installed (neither torch nor tensorflow is)"
         raise ConfigError("workload.framework", framework,
-                          "tensorflow (with ++workload.reader.data_loader=tensorflow) in this environment: DLIO's "
-                          "pytorch data loader needs torch, which this package does not install; or install torch")
+                          f"{instead} in this environment: DLIO's {framework} data loader needs "
+                          f"{FRAMEWORK_MODULES[framework]}, which this package does not install; or install it")
 
 
 def _used(folder: str) -> bool:

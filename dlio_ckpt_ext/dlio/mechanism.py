@@ -47,6 +47,12 @@ class StreamingCheckpointing(BaseCheckpointing):
         #: what upstream's StatsCounter divides by each checkpoint's duration:
         #: GiB of one whole checkpoint, all ranks (BaseCheckpointing's meaning)
         self.checkpoint_size = self.session.checkpoint_bytes / GiB
+        if self.session.config.trains and hasattr(args, "num_checkpoints_read"):
+            # DLIO's training loop reads no checkpoint, but upstream's and the fork's
+            # StatsCounter.end_run print load figures whenever this is > 0 and fail on
+            # rank 0 without them (KeyError), leaving the other ranks waiting: the
+            # reads after training are ours (session.finalize), from our own config
+            args.num_checkpoints_read = 0
 
     # -- the checkpoint operations -----------------------------------------
     def save_checkpoint(self, epoch: int, step_number: int) -> list[FileStats]:

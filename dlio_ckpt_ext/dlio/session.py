@@ -735,12 +735,12 @@ class CheckpointSession:
 
     def _summarise_training(self) -> None:
         """Collective, once the loop is over: every rank's O(1) view of it to rank 0."""
-        with self.abort_on_error("gathering the training loop's figures"):
+        with self.abort_on_error("summarising the training loop"):
             parts = self.comm.gather(training_report.rank_part(training.loop(), self.training_saves), root=0)
-        if self.rank == 0:
-            mode = "tiers" if self.config.has_tiers else "async" if self.config.is_async else "sync"
-            self.training_summary = training_report.training_summary(
-                parts, training.dlio_figures(training.loop().stats), mode)
+            if self.rank == 0:
+                mode = "tiers" if self.config.has_tiers else "async" if self.config.is_async else "sync"
+                self.training_summary = training_report.training_summary(
+                    parts, training.dlio_figures(training.loop().stats), mode)
 
     def _read_after_training(self) -> None:
         """The newest num_checkpoints_read checkpoints the loop saved, read back
