@@ -422,7 +422,7 @@ def load_config(workload: DictConfig | dict, comm_size: int) -> RunConfig:
     except ConfigError as exc:
         raise ConfigError(f"workload.{exc.key}", exc.value, exc.allowed) from None
     # a training run reads the newest of the saves its loop made, however many
-    trains = bool((workload.get("workflow") or {}).get("train", False))
+    trains = workload_trains(workload)
     if 0 < c.num_checkpoints_write < c.num_checkpoints_read and not layout.model_load and not trains:
         raise ConfigError("workload.checkpoint.num_checkpoints_read", c.num_checkpoints_read,
                           f"at most num_checkpoints_write ({c.num_checkpoints_write}), or set "
@@ -544,13 +544,17 @@ def local_path(root: str) -> Optional[str]:
     return os.path.realpath("/" + rest.lstrip("/")) if scheme in ("file", "direct") else None
 
 
+def workload_trains(workload: DictConfig | dict) -> bool:
+    """A training workflow: DLIO's training loop asks for the checkpoints."""
+    return bool((workload.get("workflow") or {}).get("train", False))
+
+
 def training_between_checkpoints(workload: DictConfig | dict, c: CheckpointConfig) -> float:
     """DLIO's computation between two checkpoints of a training workflow:
     checkpoint.steps_between_checkpoints x train.computation_time (its mean
     when a distribution); 0 where the workflow does not train or checkpoints
     per epoch (an epoch's steps follow from the dataset, not from this section)."""
-    workflow = workload.get("workflow") or {}
-    if not workflow.get("train") or c.steps_between_checkpoints <= 0:
+    if not workload_trains(workload) or c.steps_between_checkpoints <= 0:
         return 0.0
     compute = (workload.get("train") or {}).get("computation_time", 0)
     if isinstance(compute, (dict, DictConfig)):

@@ -1,6 +1,10 @@
 """DLIO's training loop as our checkpoints see it, without starting DLIO: the
 dataset walk through our storage class, the names of a training loop's saves,
 the loop's accounting and the TRAINING figures from synthetic parts."""
+import importlib.util
+import logging
+import types
+
 import pytest
 from dlio_benchmark.common.enumerations import MetadataType
 from omegaconf import OmegaConf
@@ -19,7 +23,8 @@ def dataset(tmp_path, monkeypatch):
     DLIO's DataStorage keeps its arguments, which would need MPI initialised in
     this process (whose environment the e2e tests' mpirun would inherit)."""
     from dlio_benchmark.storage import storage_handler
-    monkeypatch.setattr(storage_handler.ConfigArguments, "get_instance", staticmethod(lambda: None))
+    args = types.SimpleNamespace(logger=logging.getLogger("dlio"))  # the fork's DataStorage keeps its logger
+    monkeypatch.setattr(storage_handler.ConfigArguments, "get_instance", staticmethod(lambda: args))
     for i in range(4):
         sub = tmp_path / "data" / "train" / str(i % 2)
         sub.mkdir(parents=True, exist_ok=True)
@@ -119,7 +124,14 @@ def test_training_figures_from_every_rank_s_part():
 
     gib = 1 << 30
     parts = [part(0.0, (gib, 2.0, 4), (gib, 1.0, 4)), part(0.1, (gib, 2.0, 4), (3 * gib, 3.0, 12))]
-    s = training_report.training_summary(parts, {"au_mean_pct": 80.0}, "async")
+    merged = training_report.merge(*parts)
+    # MPI's reduction may merge in any order and grouping
+    assert training_report.merge(parts[1], parts[0]) == merged
+    three = part(0.05, (0, 0.0, 0), (0, 0.0, 0))
+    assert training_report.merge(training_report.merge(parts[0], parts[1]), three) == \
+        training_report.merge(parts[0], training_report.merge(parts[1], three))
+    s = training_report.training_summary(merged, {"au_mean_pct": 80.0}, "async")
+    assert s["ranks"] == 2 and s["steps_per_rank"] == 10 and s["step_mean_s"] == pytest.approx(0.4)
     # a checkpoint's stall: first rank's start to last rank's return
     assert s["checkpoint_stall_s"] == pytest.approx([0.6, 0.3])
     assert s["checkpoint_stall_mean_s"] == pytest.approx(0.45)
@@ -134,8 +146,12 @@ def test_training_figures_from_every_rank_s_part():
     assert "80.00 %" in text and "0.500x" in text and "saves async" in text
 
 
+#: the framework whose loader this environment has (TensorFlow on DLIO 2.0.0, torch on upstream and the fork)
+INSTALLED = "tensorflow" if importlib.util.find_spec("tensorflow") else "pytorch"
+
+
 def _workload(**kw):
-    base = {"workflow": {"train": True, "generate_data": False}, "framework": "tensorflow",
+    base = {"workflow": {"train": True, "generate_data": False}, "framework": INSTALLED,
             "dataset": {"data_folder": "data/"}}
     base.update(kw)
     return OmegaConf.create(base)
@@ -154,7 +170,6 @@ def test_a_dataset_an_object_store_cannot_hold_is_refused_naming_the_key():
 def test_a_loader_whose_framework_is_missing_is_refused_with_the_way_that_works(monkeypatch, framework, module,
                                                                                other, other_module):
     """DLIO 2.0.0's environment has TensorFlow and no torch, upstream's torch and no TensorFlow."""
-    import importlib.util
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *a: None if name == module else object() if name == other_module else real(name, *a))

@@ -165,9 +165,10 @@ FRAMEWORK_MODULES = {"pytorch": "torch", "tensorflow": "tensorflow"}
 def check_dataset(workload: DictConfig, storage_type: str) -> None:
     """What DLIO's data side needs where a workflow trains or generates data
     (a checkpoint-only run touches no dataset)."""
+    from dlio_ckpt_ext.config import workload_trains
     from dlio_ckpt_ext.errors import ConfigError
-    wf = workload.get("workflow", {}) or {}
-    if not (wf.get("train") or wf.get("generate_data")):
+    trains = workload_trains(workload)
+    if not (trains or (workload.get("workflow") or {}).get("generate_data")):
         return
     folder = str(OmegaConf.select(workload, "dataset.data_folder") or "")
     if storage_type == "s3" and not folder.startswith("/"):
@@ -176,7 +177,7 @@ def check_dataset(workload: DictConfig, storage_type: str) -> None:
                           "storage_root): DLIO's data generators and readers open dataset files with local file "
                           "APIs (np.savez, np.load, h5py, PIL, tf.data), so its dataset cannot live in the object store")
     framework = str(workload.get("framework", "") or "")
-    if wf.get("train") and framework in FRAMEWORK_MODULES \
+    if trains and framework in FRAMEWORK_MODULES \
             and importlib.util.find_spec(FRAMEWORK_MODULES[framework]) is None:
         there = [f for f, m in FRAMEWORK_MODULES.items() if importlib.util.find_spec(m) is not None]
         instead = " or ".join(f"{f} (with ++workload.reader.data_loader={f})" for f in there) or \
@@ -253,7 +254,8 @@ class CheckpointWorkloadCallback(Callback):
             _fail_this_job(str(exc))
             return
         storage.install()
-        if (workload.get("workflow", {}) or {}).get("train"):
+        from dlio_ckpt_ext.config import workload_trains
+        if workload_trains(workload):
             from dlio_ckpt_ext.dlio import training
             training.reset()
             training.install()

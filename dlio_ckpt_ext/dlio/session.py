@@ -454,9 +454,9 @@ class CheckpointSession:
         end = time.time()
         if persistent:
             self.saved.append((step, epoch))
+        if not self.config.is_async:  # an async save's I/O is its persist's
+            training.io_windows().closed.append((start, end))
         if self.config.trains:
-            if not self.config.is_async:
-                training.io_windows().closed.append((start, end))
             self.training_saves.append({"step": step, "epoch": epoch, "iteration": iteration, "start": start, "end": end,
                                         **training.loop().saved(end)})
         return files
@@ -501,8 +501,7 @@ class CheckpointSession:
                 self.tier.current_file = ""
             end = time.time()
         self.tier_records.append(metrics.local_record(iteration, files, start, end, usage_since(usage)))
-        if self.config.trains:
-            training.io_windows().closed.append((start, end))
+        training.io_windows().closed.append((start, end))
         if persistent:
             self._save_async(epoch, step)
         return []
@@ -734,13 +733,14 @@ class CheckpointSession:
         return self.saved if self.config.trains else self.config.checkpoints_saved()
 
     def _summarise_training(self) -> None:
-        """Collective, once the loop is over: every rank's O(1) view of it to rank 0."""
+        """Collective, once the loop is over: every rank's view of it, merged on the way to rank 0."""
         with self.abort_on_error("summarising the training loop"):
-            parts = self.comm.gather(training_report.rank_part(training.loop(), self.training_saves), root=0)
+            merged = self.comm.reduce(training_report.rank_part(training.loop(), self.training_saves),
+                                      op=training_report.merge, root=0)
             if self.rank == 0:
                 mode = "tiers" if self.config.has_tiers else "async" if self.config.is_async else "sync"
                 self.training_summary = training_report.training_summary(
-                    parts, training.dlio_figures(training.loop().stats), mode)
+                    merged, training.dlio_figures(training.loop().stats), mode)
 
     def _read_after_training(self) -> None:
         """The newest num_checkpoints_read checkpoints the loop saved, read back

@@ -11,6 +11,7 @@ the loop runs, never gathered step by step.
 from __future__ import annotations
 
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -85,19 +86,19 @@ class TrainingLoop:
 
 
 class IoWindows:
-    """This rank's checkpoint I/O windows (saves, persists, local saves), kept
-    as the loop runs; a window still open (a persist in the background) counts
-    from its start."""
+    """This rank's checkpoint I/O windows (saves, persists, local saves) as they
+    end; a window still open (a persist in the background) counts from its
+    start. Windows end in order, so only the last few can reach a batch that
+    ends now: a few are kept, whatever the run's length."""
 
     def __init__(self) -> None:
-        self.closed: list[tuple[float, float]] = []
+        self.closed: deque[tuple[float, float]] = deque(maxlen=4)
         self.open_since: Optional[float] = None
 
     def overlaps(self, start: float, end: float) -> bool:
         if self.open_since is not None and self.open_since < end:
             return True
-        # windows arrive in order: only the last few can reach a batch that ends now
-        return any(s < end and start < e for s, e in self.closed[-4:])
+        return any(s < end and start < e for s, e in self.closed)
 
 
 #: this process's loop (one DLIO run a process; a multirun job starts it anew)

@@ -1,5 +1,6 @@
 """The TRAINING block: what checkpointing cost DLIO's training loop, from each
-rank's O(1) summary of the loop (dlio/training.py) gathered once at the end."""
+rank's O(1) summary of the loop (dlio/training.py), merged on the way to rank 0
+(an MPI reduction: rank 0 holds O(checkpoints), whatever the ranks)."""
 from __future__ import annotations
 
 from typing import Optional
@@ -9,58 +10,68 @@ from dlio_ckpt_ext.dlio.training import TrainingLoop
 
 
 def rank_part(loop: TrainingLoop, saves: list[dict]) -> dict:
-    """What rank 0 needs of one rank: its loop's totals and its save calls
-    (O(checkpoints), as the checkpoint windows are)."""
+    """One rank's view of the loop, in the form merge() combines: sums, and per
+    save the extremes the job waits for (the loop goes on only when every rank
+    has: DLIO's barrier after each step)."""
     timed = loop.first_start is not None
     wall = max(loop.last_end, max((s["end"] for s in saves), default=0.0)) - loop.first_start if timed else 0.0
-    return {"steps": loop.steps, "compute_s": loop.compute_s, "wall_s": wall,
+    return {"ranks": 1, "steps": loop.steps,
+            # each rank's computation over its loop's time, and its time a step: summed, then averaged
+            "timed_ranks": int(wall > 0), "au_pct_sum": loop.compute_s / wall * 100 if wall > 0 else 0.0,
+            "stepped_ranks": int(loop.steps > 0), "step_s_sum": wall / loop.steps if loop.steps else 0.0,
             "plain_steps": loop.plain_steps, "plain_step_s": loop.plain_step_s,
             "loads": {k: [t.batches, t.nbytes, t.seconds] for k, t in loop.loads.items()},
-            "saves": [{k: s[k] for k in ("step", "epoch", "iteration", "start", "end", "step_s", "compute_s")} for s in saves]}
+            "saves": [{"step": s["step"], "epoch": s["epoch"], "iteration": s["iteration"], "start": s["start"],
+                       "end": s["end"], "step_s": s["step_s"], "beyond_compute_s": s["step_s"] - s["compute_s"]}
+                      for s in saves]}
+
+
+_SUMS = ("ranks", "timed_ranks", "au_pct_sum", "stepped_ranks", "step_s_sum", "plain_steps", "plain_step_s")
+
+
+def merge(a: dict, b: dict) -> dict:
+    """Two parts as one (associative and commutative: mpi4py's reduce op)."""
+    out = {k: a[k] + b[k] for k in _SUMS}
+    out["steps"] = max(a["steps"], b["steps"])
+    out["loads"] = {k: [x + y for x, y in zip(a["loads"][k], b["loads"][k])] for k in a["loads"]}
+    out["saves"] = [{**x, "start": min(x["start"], y["start"]), "end": max(x["end"], y["end"]),
+                     "step_s": max(x["step_s"], y["step_s"]),
+                     "beyond_compute_s": max(x["beyond_compute_s"], y["beyond_compute_s"])}
+                    for x, y in zip(a["saves"], b["saves"])]
+    return out
 
 
 def _rate(nbytes: int, seconds: float) -> Optional[float]:
     return nbytes / GiB / seconds if seconds > 0 else None
 
 
-def training_summary(parts: list[dict], dlio: dict, mode: str) -> dict:
-    """Rank 0: the run's figures from every rank's part. mode: how saves ran (sync, async, tiers)."""
-    checkpoints = []
-    for i, first in enumerate(parts[0]["saves"]):
-        calls = [p["saves"][i] for p in parts]
-        start, end = min(c["start"] for c in calls), max(c["end"] for c in calls)
-        # the loop goes on only when every rank has (DLIO's barrier after each step)
-        step_s = max(c["step_s"] for c in calls)
-        checkpoints.append({"checkpoint": i + 1, "iteration": first["iteration"], "step": first["step"],
-                            "epoch": first["epoch"],
-                            "stall_s": end - start, "saving_step_s": step_s,
-                            "beyond_compute_s": max(c["step_s"] - c["compute_s"] for c in calls)})
-    plain = sum(p["plain_steps"] for p in parts)
-    plain_s = sum(p["plain_step_s"] for p in parts) / plain if plain else None
+def training_summary(merged: dict, dlio: dict, mode: str) -> dict:
+    """Rank 0: the run's figures from every rank's part, merged. mode: how saves ran (sync, async, tiers)."""
+    checkpoints = [{"checkpoint": i + 1, "iteration": c["iteration"], "step": c["step"], "epoch": c["epoch"],
+                    "stall_s": c["end"] - c["start"], "saving_step_s": c["step_s"],
+                    "beyond_compute_s": c["beyond_compute_s"]} for i, c in enumerate(merged["saves"])]
+    plain = merged["plain_steps"]
+    plain_s = merged["plain_step_s"] / plain if plain else None
     loads = {}
-    for kind in ("during_save", "no_save"):
-        batches = sum(p["loads"][kind][0] for p in parts)
-        nbytes = sum(p["loads"][kind][1] for p in parts)
-        seconds = sum(p["loads"][kind][2] for p in parts)
+    for kind, (batches, nbytes, seconds) in merged["loads"].items():
         # per rank: each rank's loop waits for its own batches
         loads[kind] = {"batches": batches, "bytes": nbytes, "seconds": seconds,
                        "gib_s_per_rank": _rate(nbytes, seconds)}
     during, clear = loads["during_save"]["gib_s_per_rank"], loads["no_save"]["gib_s_per_rank"]
-    au = [p["compute_s"] / p["wall_s"] * 100 for p in parts if p["wall_s"] > 0]
-    step = [p["wall_s"] / p["steps"] for p in parts if p["steps"]]
     stalls = [c["stall_s"] for c in checkpoints]
     stall_mean, stall_std = mean_std(stalls) if stalls else (0.0, 0.0)
     saving = [c["saving_step_s"] for c in checkpoints]
-    return {"mode": mode, "ranks": len(parts), "steps_per_rank": parts[0]["steps"],
+    timed, stepped = merged["timed_ranks"], merged["stepped_ranks"]
+    return {"mode": mode, "ranks": merged["ranks"], "steps_per_rank": merged["steps"],
             "checkpoints": checkpoints,
             # the goodput figure's input: what the loop waited for each checkpoint
             "checkpoint_stall_s": stalls, "checkpoint_stall_mean_s": stall_mean,
             "checkpoint_stall_stdev_s": stall_std, "checkpoint_stall_max_s": max(stalls, default=0.0),
             "plain_step_s": plain_s,
             "saving_step_mean_s": sum(saving) / len(saving) if saving else None,
-            "au_with_checkpoints_pct": sum(au) / len(au) if au else None,
+            "au_with_checkpoints_pct": merged["au_pct_sum"] / timed if timed else None,
             # the loop's time a step, saves included (mean of ranks)
-            "step_mean_s": sum(step) / len(step) if step else None,
+            "step_mean_s": merged["step_s_sum"] / stepped if stepped else None,
             "dlio": dlio, "data_loader": loads,
             "loader_during_save_ratio": during / clear if during and clear else None}
 
