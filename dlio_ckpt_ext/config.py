@@ -58,6 +58,9 @@ class ParallelismConfig:
     pipeline: int = 1                  # pipeline-parallel degree (layers split across stages)
     data: Optional[int] = None  # data-parallel degree of the full job; subset mode only
     zero_stage: int = 0                # ZeRO: 0 only the first replica saves; 1-2 optimizer sharded; 3 all
+    # megatron: Megatron's --overlap-grad-reduce, which its 8B recipe passes: the distributed
+    # optimizer's state in DDP buckets of max(40M, 1M x DP) parameters (docs/fidelity.md)
+    overlap_grad_reduce: bool = True
 
 
 @dataclass
@@ -80,6 +83,13 @@ class CheckpointConfig:
     fsync: bool = True                            # fsync each local file before its close counts
     mode: str = "default"                         # default | subset
     layout: str = "deepspeed"                     # deepspeed | dcp | safetensors (docs/layouts.md)
+    # deepspeed layout: dlio writes upstream DLIO's names and sizes (MLPerf's CLOSED
+    # runs); deepspeed the files a DeepSpeed save itself writes (docs/fidelity.md)
+    deepspeed_files: str = "dlio"
+    # orbax: devices a rank drives (a JAX process saves all its host's devices' shards
+    # into one ocdbt.process_{i}); the platform decides the replica-parallel save (off on gpu)
+    devices_per_rank: int = 1
+    platform: str = "tpu"                         # tpu | gpu
     # disabled: each save writes to storage before it returns. async: a save
     # stages the rank's state into host memory and returns; a background
     # thread persists it while training goes on (torchtitan's async_mode).
@@ -128,6 +138,10 @@ class StreamingConfig:
     seed: int = 0               # run seed; file seeds are hashed from it
     dedup_ratio: int = 1        # dgen-py: how often each block repeats (1: unique data)
     compress_ratio: int = 1     # dgen-py: how far the data compresses (1: incompressible)
+    # incompressible: dgen-py's bytes (CLOSED's). tensors: the top byte of every number
+    # narrowed as trained tensors' are, so zstd shrinks a file about as far as a real
+    # one of its dtype (docs/fidelity.md); lz4 still finds nothing, as on real tensors
+    content: str = "incompressible"
     # every chunk's timings in rank_stats/chunks_NNNNN.json.gz (~220 bytes a
     # chunk before compression: ~5 MB a rank for the 1T preset); off, each
     # file keeps its chunks' count and I/O-rate percentiles
@@ -219,7 +233,7 @@ class RunConfig:
     @property
     def layout(self) -> Layout:
         """The layout the checkpoints are written in (checkpoint.layout)."""
-        return layouts.get(self.checkpoint.layout)
+        return layouts.of(self.parallelism)
 
     @property
     def is_model_load(self) -> bool:
@@ -452,6 +466,12 @@ def load_config(workload: DictConfig | dict, comm_size: int) -> RunConfig:
         raise ConfigError("workload.streaming.stall_warning_s", st.stall_warning_s, "seconds >= 0 (0: never)")
     for key in ("pool_depth", "dedup_ratio", "compress_ratio"):
         _positive(f"workload.streaming.{key}", getattr(st, key))
+    if st.content not in CONTENTS:
+        raise ConfigError("workload.streaming.content", st.content, " or ".join(CONTENTS))
+    if st.content != "incompressible" and (st.dedup_ratio, st.compress_ratio) != (1, 1):
+        raise ConfigError("workload.streaming.content", st.content,
+                          "incompressible with dedup_ratio or compress_ratio other than 1 (dgen-py's ratios "
+                          "shape the bytes themselves)")
     if isinstance(st.read_parallelism, bool) or st.read_parallelism < 0:
         raise ConfigError("workload.streaming.read_parallelism", st.read_parallelism,
                           "0 (the storage's default) or a positive integer")
@@ -482,7 +502,10 @@ def load_config(workload: DictConfig | dict, comm_size: int) -> RunConfig:
     par = plan.Parallelism(m.parallelism.tensor, m.parallelism.pipeline, m.parallelism.zero_stage,
                            m.parallelism.data, c.mode, c.layout,
                            safetensors_plan.parse_shard_size("workload.model_load.max_shard_size",
-                                                             s.model_load.max_shard_size), c.replicas)
+                                                             s.model_load.max_shard_size), c.replicas,
+                           _deepspeed_files(c, layout), *_devices(c, layout),
+                           _overlap_grad_reduce(m.parallelism, layout))
+    layout = layouts.of(par)
     if trains and layout.model_load:
         raise ConfigError("workload.workflow.train", True, f"False with checkpoint.layout {layout.name} (a "
                           "publish is no training checkpoint)")
@@ -500,6 +523,52 @@ def load_config(workload: DictConfig | dict, comm_size: int) -> RunConfig:
                           "(it reads saved items from inside files; such content regenerates only from a file's "
                           "start)")
     return cfg
+
+
+#: streaming.content: dgen-py's incompressible bytes, or numbers shaped as tensors' (engine/content.py)
+CONTENTS = ("incompressible", "tensors")
+#: checkpoint.deepspeed_files: upstream DLIO's files, or DeepSpeed's own
+DEEPSPEED_FILES = ("dlio", "deepspeed")
+#: checkpoint.platform: Orbax saves replicated arrays replica-parallel except on GPUs
+PLATFORMS = ("tpu", "gpu")
+
+
+def _overlap_grad_reduce(par: ParallelismConfig, layout: Layout) -> bool:
+    """model.parallelism.overlap_grad_reduce: only Megatron's distributed optimizer has DDP buckets."""
+    if not isinstance(par.overlap_grad_reduce, bool):
+        raise ConfigError("workload.model.parallelism.overlap_grad_reduce", par.overlap_grad_reduce, "true or false")
+    if not par.overlap_grad_reduce and not layout.has_buckets:
+        raise ConfigError("workload.model.parallelism.overlap_grad_reduce", False,
+                          f"true (the default) with checkpoint.layout {layout.name} (only Megatron's distributed "
+                          "optimizer saves its state by DDP bucket)")
+    return par.overlap_grad_reduce
+
+
+def _devices(c: CheckpointConfig, layout: Layout) -> tuple[int, bool]:
+    """(devices a rank, replica-parallel save) of checkpoint.devices_per_rank and platform."""
+    if isinstance(c.devices_per_rank, bool) or not isinstance(c.devices_per_rank, int) or c.devices_per_rank < 1:
+        raise ConfigError("workload.checkpoint.devices_per_rank", c.devices_per_rank, "a positive integer")
+    if c.platform not in PLATFORMS:
+        raise ConfigError("workload.checkpoint.platform", c.platform, " or ".join(PLATFORMS))
+    if not layout.has_devices:
+        if c.devices_per_rank != 1:
+            raise ConfigError("workload.checkpoint.devices_per_rank", c.devices_per_rank,
+                              f"1 with checkpoint.layout {layout.name} (a rank is one device's process)")
+        if c.platform != "tpu":
+            raise ConfigError("workload.checkpoint.platform", c.platform,
+                              f"tpu (the default) with checkpoint.layout {layout.name} (only Orbax's save "
+                              "depends on it)")
+    return c.devices_per_rank, c.platform != "gpu"
+
+
+def _deepspeed_files(c: CheckpointConfig, layout: Layout) -> bool:
+    """Whether the deepspeed layout writes DeepSpeed's own files (checkpoint.deepspeed_files)."""
+    if c.deepspeed_files not in DEEPSPEED_FILES:
+        raise ConfigError("workload.checkpoint.deepspeed_files", c.deepspeed_files, " or ".join(DEEPSPEED_FILES))
+    if c.deepspeed_files != "dlio" and not layout.has_framework_files:
+        raise ConfigError("workload.checkpoint.deepspeed_files", c.deepspeed_files,
+                          f"dlio with checkpoint.layout {layout.name} (it chooses the deepspeed layout's files)")
+    return c.deepspeed_files == "deepspeed"
 
 
 def _check_model_load(s: WorkloadSections, layout: Layout, read_size: int) -> int:

@@ -41,6 +41,14 @@ class Parallelism:
     max_shard_size: int = safetensors_plan.DEFAULT_MAX_SHARD
     #: orbax: replicas of the FSDP-sharded state (MaxText's data-parallel slices)
     replicas: int = 1
+    #: deepspeed: DeepSpeed's own files (checkpoint.deepspeed_files=deepspeed), not upstream DLIO's
+    framework_files: bool = False
+    #: orbax: devices a rank (a JAX process) drives and saves the shards of
+    devices: int = 1
+    #: orbax: replica-parallel save (off on GPUs: checkpoint.platform=gpu)
+    replica_parallel: bool = True
+    #: megatron: --overlap-grad-reduce, the distributed optimizer's state saved a DDP bucket at a time
+    overlap_grad_reduce: bool = True
 
 
 @dataclass(frozen=True)
@@ -51,6 +59,9 @@ class ShardFile:
     kind: str  # "model", "optimizer", "state" (both), "metadata", "weights" or "index" (safetensors)
     #: bytes the file starts with, not generated: a safetensors header, the index (all of it)
     prefix: bytes = field(default=b"", repr=False)
+    #: written as name + tmp_suffix, then renamed to name, on storage with directories
+    #: (DCP's `.metadata.tmp`); "": written in place
+    tmp_suffix: str = ""
 
 
 @dataclass(frozen=True)

@@ -156,5 +156,6 @@ def index(published: tuple[Shard, ...]) -> bytes:
     """model.safetensors.index.json as transformers writes it (sorted keys, indent 2)."""
     total = sum(p.end - p.begin for s in published for p in s.tensors)
     weight_map = {p.tensor.name: s.name for s in published for p in s.tensors}
-    return (json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2, sort_keys=True)
-            + "\n").encode()
+    parameters = sum(t.tensor.elements for s in published for t in s.tensors)
+    return (json.dumps({"metadata": {"total_parameters": parameters, "total_size": total}, "weight_map": weight_map},
+                       indent=2, sort_keys=True) + "\n").encode()

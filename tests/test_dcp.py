@@ -6,6 +6,7 @@ import pytest
 
 from conftest import BUCKET
 from dlio_ckpt_ext import layouts, plan
+from dlio_ckpt_ext.layouts import dcp as dcp_layout
 from dlio_run import UPSTREAM, run_dlio
 
 PRESET = "torchtitan_llama3_8b_checkpoint"
@@ -25,20 +26,31 @@ def llama_tensors(L, h, f, V, heads, kv):
 
 
 def dcp_expected(ranks, steps, L, h, f, V, heads, kv):
-    """step-N/__{r}_0.distcp: rank r's torch.chunk row slices of every tensor x 12
-    bytes (fp32 weight + 2 fp32 Adam moments); .metadata 200 B per tensor, state
-    entry (3) and rank."""
+    """As torch 2.14.1 saved our test model (fidelity/manifests/dcp-*): step-N/__{r}_0.distcp
+    holds rank r's torch.chunk row slices of every tensor x 12 bytes (fp32 weight + 2
+    fp32 Adam moments), each of its 3 items wrapped by torch.save (1,577 B more); the
+    ranks after 0 share out evenly each tensor's `step` (1,581 B) and its 11 param_groups
+    values (1,261 B each). .metadata: 231 B a key (15 a tensor), 237 a saved chunk."""
     tensors = llama_tensors(L, h, f, V, heads, kv)
 
     def rank_rows(rows, r):
         per = -(-rows // ranks)
         pieces = [range(rows)[i:i + per] for i in range(0, rows, per)]
         return len(pieces[r]) if r < len(pieces) else 0
+
+    def shared(count, r):  # of `count` replicated items, rank r's
+        if ranks == 1:
+            return count
+        return 0 if r == 0 else len([i for i in range(count) if 1 + i * (ranks - 1) // count == r])
     out = {}
     for s in steps:
         for r in range(ranks):
-            out[f"step-{s}/__{r}_0.distcp"] = 12 * sum(rank_rows(rows, r) * cols for rows, cols in tensors)
-        out[f"step-{s}/.metadata"] = 200 * 3 * len(tensors) * ranks
+            held = [(rows, cols) for rows, cols in tensors if rank_rows(rows, r)]
+            out[f"step-{s}/__{r}_0.distcp"] = (12 * sum(rank_rows(rows, r) * cols for rows, cols in held)
+                                              + 3 * 1577 * len(held) + 1581 * shared(len(tensors), r)
+                                              + 1261 * shared(11 * len(tensors), r))
+        chunks = sum(3 for r in range(ranks) for rows, _ in tensors if rank_rows(rows, r))
+        out[f"step-{s}/.metadata"] = 231 * 15 * len(tensors) + 237 * chunks
     return out
 
 
@@ -49,8 +61,9 @@ def test_torchtitan_8b_is_12_bytes_per_parameter_and_deepspeed_14():
     assert round(n / 1e9, 2) == 8.03
     dcp = plan.Parallelism(zero_stage=3, layout="dcp")
     shards = sum(layouts.rank_plan(shape, dcp, 8, r).files[0].size for r in range(8))
-    assert shards == 12 * n and round(shards / 1e9, 1) == 96.4
-    assert layouts.checkpoint_bytes(shape, dcp, 8) == shards + 200 * 3 * (9 * 32 + 3) * 8
+    items = 8 * 3 * (9 * 32 + 3)
+    assert shards == 12 * n + 1577 * items + (1581 + 11 * 1261) * (9 * 32 + 3) and round(shards / 1e9, 1) == 96.4
+    assert layouts.checkpoint_bytes(shape, dcp, 8) == shards + 231 * 15 * (9 * 32 + 3) + 237 * items
     expected = dcp_expected(8, [1], 32, 4096, 14336, 128256, 32, 8)
     assert {f"step-1/{f.name}": f.size for r in range(8) for f in
             layouts.rank_plan(shape, dcp, 8, r).files + layouts.rank_plan(shape, dcp, 8, r).commit_files} == expected
@@ -64,8 +77,10 @@ def test_uneven_rows_follow_torch_chunk_and_only_rank_0_commits():
     plans = [layouts.rank_plan(shape, dcp, 3, r) for r in range(3)]
     expected = dcp_expected(3, [1], 1, 8, 12, 10, 2, 1)
     assert [p.files[0].size for p in plans] == [expected[f"step-1/__{r}_0.distcp"] for r in range(3)]
-    assert plans[0].files[0].size > plans[2].files[0].size  # the last rank's chunks run short
-    assert sum(p.files[0].size for p in plans) == 12 * plan.num_parameters(shape)
+    rows = [sum(x[2] for x in dcp_layout.items(shape, 3, r)) for r in range(3)]
+    assert rows[0] > rows[2]  # the last rank's chunks run short
+    assert sum(p.files[0].size for p in plans) - sum(expected[f"step-1/__{r}_0.distcp"] for r in range(3)) == 0
+    assert sum(p.files[0].size for p in plans) > 12 * plan.num_parameters(shape)
     assert [p.commit_files for p in plans[1:]] == [(), ()] and plans[0].commit_files[0].name == ".metadata"
 
 

@@ -41,12 +41,20 @@ def test_files_counts_and_bytes_equal_the_shapes_14_bytes_a_parameter(shape, tp,
     assert [f.name for f in plans[0].commit_files] == [".metadata", "metadata.json"]
     assert all(not p.commit_files for p in plans[1:])
     data = sum(f.size for p in plans for f in p.files)
-    # bf16 weights once (the fully parallel save writes each replicated tensor once) and
-    # fp32 main parameters with Adam's two moments sharded: 2 + 3 x 4 bytes a parameter;
-    # the common state on rank 0 and an RNG state per model-parallel position on top
-    assert data == 14 * n + 16384 + 10240 * tp * pp
+    # as megatron-core 0.19.2 saved it (fidelity/manifests/megatron-*): bf16 weights once (the
+    # fully parallel save writes each replicated tensor once) and fp32 main parameters with
+    # Adam's two moments sharded: 2 + 3 x 4 bytes a parameter, every tensor-parallel rank
+    # saving its own norms' state; each tensor item wrapped by torch.save (1,577 B); the
+    # objects: rank 0's common state (30,317 B), 4 linear layers' _extra_state a layer
+    # (1,261 B), and per model-parallel position its RNG state and 3 optimizer objects
     metadata, config = plans[0].commit_files
-    assert metadata.size % 200 == 0 and metadata.size > 200 * world
+    assert metadata.size % 313 == 0  # 313 B a saved item
+    h, layers = shape.hidden_size, shape.num_layers
+    objects = 1 + 4 * layers + 4 * tp * pp
+    object_bytes = 30317 + 1261 * 4 * layers + (15449 + 1837 + 1325 + 1325) * tp * pp
+    tensor_items = metadata.size // 313 - objects
+    assert data == 2 * n + 12 * (n + (tp - 1) * (2 * h * layers + h)) + 1577 * tensor_items + object_bytes
+    assert tensor_items > world  # a tensor item a chunk of every weight and optimizer part
     assert json.loads(config.prefix) == {"sharded_backend": "torch_dist", "sharded_backend_version": 1}
     assert config.size == len(config.prefix)
     assert MEGATRON.checkpoint_dir(1) == "iter_0000001" and MEGATRON.tracker(12) == (
@@ -90,11 +98,14 @@ def test_the_broadcast_load_reads_the_replicated_weights_once_a_group():
     metadata = sum(f.size for f in MEGATRON.rank_plan(SMALL, p, world, 0).commit_files)
     weights = 2 * megatron_parameters(2, 256, 512, 1024, 4, 2, 2)  # bf16, all positions
     norms = 2 * 256 * (2 * 2 + 1)  # replicated over TP: each TP rank reads tensor rank 0's
-    optimizer = 12 * megatron_parameters(2, 256, 512, 1024, 4, 2, 2)
-    # the optimizer parts of the norms are read by every TP rank, from TP rank 0's files
-    norm_optimizer = 12 * 256 * 5
-    assert plain["storage_bytes"] == world * metadata + dp * (weights + norms) + optimizer + norm_optimizer
-    assert shared["storage_bytes"] == metadata + (weights + norms) + optimizer + norm_optimizer
+    # a group's weight items, each wrapped by torch.save (1,577 B): per TP rank the embedding,
+    # per layer qkv, proj, fc1's two halves and fc2 and the two norms, the final norm, the output
+    group_weights = weights + norms + 1577 * 2 * (1 + 7 * 2 + 2)
+    # every TP rank saves (and reads) its own buffer's optimizer state, its norms' included
+    optimizer = 12 * (megatron_parameters(2, 256, 512, 1024, 4, 2, 2) + 256 * 5)
+    assert plain["storage_bytes"] - shared["storage_bytes"] == (world - 1) * metadata + (dp - 1) * group_weights
+    optimizer_read = shared["storage_bytes"] - metadata - group_weights
+    assert (optimizer_read - optimizer) % 1577 == 0 and optimizer_read > optimizer
     assert plain["bytes_read"] == shared["bytes_read"] == shared["storage_bytes"] + shared["broadcast_bytes"]
 
 

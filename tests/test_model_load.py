@@ -53,7 +53,10 @@ def test_the_safetensors_library_opens_every_shard_with_the_planned_names_shapes
     writers, folder = publish(tmp_path)
     shards = layouts.safetensors.published_shards(writers[0].cfg.shape, writers[0].cfg.parallelism)
     assert len(shards) > 2 and all(s.size <= 10**6 + s.data_start for s in shards)
-    assert sorted(os.listdir(folder)) == sorted([s.name for s in shards] + ["model.safetensors.index.json"])
+    assert sorted(os.listdir(folder)) == sorted([s.name for s in shards] + ["model.safetensors.index.json",
+                                                                            "config.json", "generation_config.json"])
+    config = json.loads((folder / "config.json").read_text())  # what a loader reads first (AutoConfig)
+    assert (config["hidden_size"], config["num_key_value_heads"], config["dtype"]) == (256, 2, "bfloat16")
     seen = {}
     for s in shards:
         assert os.path.getsize(folder / s.name) == s.size
@@ -70,7 +73,7 @@ def test_the_safetensors_library_opens_every_shard_with_the_planned_names_shapes
     n = plan.num_parameters(writers[0].cfg.shape)
     assert sum(s.size for s in shards) == 2 * n + sum(s.data_start for s in shards)
     index = json.loads((folder / "model.safetensors.index.json").read_text())
-    assert index["metadata"]["total_size"] == 2 * n
+    assert index["metadata"] == {"total_size": 2 * n, "total_parameters": n}
     assert index["weight_map"] == {name: shard for name, (_, _, shard) in seen.items()}
 
 
@@ -85,7 +88,7 @@ def test_a_tensor_read_through_the_library_is_the_regenerated_content(tmp_path):
         n = placed.end - placed.begin
         want = bytearray(n)
         content = ck.content(ck.directory(1), j % 2, s.name)
-        generator(content, n, offset=s.data_start + placed.begin, file_size=s.size).fill_chunk(memoryview(want))
+        generator(content, n, offset=s.data_start + placed.begin).fill_chunk(memoryview(want))
         assert got.tobytes() == bytes(want)
 
 

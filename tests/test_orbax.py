@@ -46,8 +46,13 @@ def test_each_process_writes_its_shards_compressed_and_the_totals_equal_the_shap
     fsdp, r = world // (replicas or 1), replicas or 1
     plans = [ORBAX.rank_plan(SMALL, par(replicas), world, rank) for rank in range(world)]
     for rank, p in enumerate(plans):
-        data = [f for f in p.files if HEX.match(f.name)]
-        assert len(data) == 1 and HEX.match(data[0].name).group(1) == str(rank)
+        data = [f for f in p.files if HEX.match(f.name) and f.kind == "state"]
+        tiny = [f.size for f in p.files if HEX.match(f.name) and f.kind != "state"]
+        # process 0's first commits hold the arrays' zarr.json entries; then every process's data
+        # commits, each a file padded to 4 KiB, the first cut early as TensorStore's first flush
+        assert tiny == ([273, 700, 700] if rank == 0 else [])
+        assert len(data) == (3 if rank == 0 else 2) and all(HEX.match(f.name).group(1) == str(rank) for f in data)
+        assert all(f.size % 4096 == 0 for f in data) and data[0].size < data[-1].size
         # every array sharded over FSDP; each shard's R copies written as R slices (the
         # replica-parallel save); a replicated norm sliced over every process
         want = entries = inline = 0
@@ -61,16 +66,21 @@ def test_each_process_writes_its_shards_compressed_and_the_totals_equal_the_shap
                     want += size
                 else:
                     inline += 4 * piece
-        assert data[0].size == want + 100 * entries + inline
-        names = sorted(f.name for f in p.files)
-        assert names == sorted([data[0].name, f"items/ocdbt.process_{rank}/manifest.ocdbt",
-                                f"items/array_metadatas/process_{rank}"] + (["items/_sharding"] if rank == 0 else []))
+        # the chunks, then each file's B-tree node so far (at most 93 B an entry and the inline values)
+        assert want <= sum(f.size for f in data) <= want + len(data) * (93 * entries + inline + 4096)
+        # each commit rewrites the process's manifest through a lock file: 94 B and 42 a version
+        manifests = [f for f in p.files if f.name == f"items/ocdbt.process_{rank}/manifest.ocdbt"]
+        assert [(f.size, f.tmp_suffix) for f in manifests] == [(94 + 42 * v, ".__lock")
+                                                              for v in range(1, len(tiny) + len(data) + 1)]
+        assert f"items/array_metadatas/process_{rank}" in {f.name for f in p.files}
+        assert ("items/_sharding" in {f.name for f in p.files}) == (rank == 0)
     assert [f.name for f in plans[0].commit_files] == [
-        "items/manifest.ocdbt", plans[0].commit_files[1].name, "items/_METADATA", "items/commit_success.txt",
+        plans[0].commit_files[0].name, "items/manifest.ocdbt", "items/_METADATA", "items/commit_success.txt",
         "_CHECKPOINT_METADATA", "commit_success.txt"]
     assert all(not p.commit_files for p in plans[1:])
     metadata = json.loads(plans[0].commit_files[2].prefix)
-    assert metadata["use_ocdbt"] and metadata["use_zarr3"] and len(metadata["tree_metadata"]) == 3 * 12 + 1
+    # 12 arrays of params, mu and nu; the step and two counts; opt_state.1 (None)
+    assert metadata["use_ocdbt"] and metadata["use_zarr3"] and len(metadata["tree_metadata"]) == 3 * 12 + 3 + 1
 
 
 def test_the_8b_is_12_bytes_a_parameter_before_zstd_and_its_data_files_roll_over_at_2_gib():
@@ -81,10 +91,13 @@ def test_the_8b_is_12_bytes_a_parameter_before_zstd_and_its_data_files_roll_over
     biggest_chunk = stored(4096 // 8 * 32 * 14336 * 4, orbax.ZSTD_STORED[("params", 4)])
     per_rank = {}
     for f in files:
-        per_rank.setdefault(HEX.match(f.name).group(1), []).append(f.size)
-    for sizes in per_rank.values():  # a file closes once it reaches the target: at most one chunk over
-        assert all(2 << 30 <= s < (2 << 30) + biggest_chunk for s in sizes[:-1]) and sizes[-1] > 0
-        assert len(sizes) <= -(-sum(sizes) // (2 << 30)) and len(sizes) > 1
+        if f.kind == "state":
+            per_rank.setdefault(HEX.match(f.name).group(1), []).append(f.size)
+    for sizes in per_rank.values():
+        # a file closes once it reaches the target (at most one chunk and its B-tree over), or
+        # at a commit: the first flushes (two on process 0, one elsewhere) cut files short
+        assert all(0 < s < (2 << 30) + biggest_chunk + (1 << 20) for s in sizes)
+        assert any(s >= 2 << 30 for s in sizes) and len(sizes) <= -(-sum(sizes) // (2 << 30)) + 2
 
 
 @pytest.mark.parametrize("state, itemsize", sorted(orbax.ZSTD_STORED))
@@ -98,12 +111,13 @@ def test_the_stored_ratios_are_what_zstd_makes_of_such_tensors(state, itemsize):
 
 
 def test_impossible_meshes_are_refused_naming_the_key():
-    with pytest.raises(ConfigError, match="MPI world size=3; allowed: a world whose FSDP degree \\(3\\) divides "
-                                          "hidden_size 256"):
+    with pytest.raises(ConfigError, match="MPI world size=3; allowed: a world whose FSDP degree \\(3: 1 devices a "
+                                          "rank\\) divides hidden_size 256"):
         ORBAX.rank_plan(SMALL, par(), 3, 0)
     with pytest.raises(ConfigError, match="model.parallelism.tensor=2"):
         ORBAX.rank_plan(SMALL, plan.Parallelism(2, 1, 0, None, "default", "orbax"), 2, 0)
-    with pytest.raises(ConfigError, match="MPI world size=4; allowed: a multiple of checkpoint.replicas = 3"):
+    with pytest.raises(ConfigError, match="MPI world size=4; allowed: a world whose devices \\(1 a rank\\) are a "
+                                          "multiple of checkpoint.replicas = 3"):
         ORBAX.rank_plan(SMALL, par(3), 4, 0)
 
 
@@ -181,6 +195,49 @@ def test_the_readers_of_a_chunk_are_exactly_the_ranks_whose_reads_hold_it(replic
 
 def test_keep_files_false_leaves_no_file_nor_folder_of_the_checkpoint(tmp_path):
     writers = save(tmp_path, 2, {"zero_stage": 0})
-    assert sum(ck.remove_written([(1, 1)]) for ck in writers) == sum(len(ck.rank_plan(ck.rank).all_files) for ck in writers)
+    # each file once, the manifest rewritten at every commit too
+    assert sum(ck.remove_written([(1, 1)]) for ck in writers) == sum(
+        len({f.name for f in ck.rank_plan(ck.rank).all_files}) for ck in writers)
     writers[0].remove_empty_dirs([(1, 1)])  # the process folders, the item's, then the step's
     assert list(tmp_path.iterdir()) == []
+
+
+def par_devices(devices, replicas=1, replica_parallel=True):
+    return plan.Parallelism(1, 1, 0, None, "default", "orbax", replicas=replicas, devices=devices,
+                            replica_parallel=replica_parallel)
+
+
+def test_a_rank_with_4_devices_writes_their_4_shards_into_one_process_folder():
+    """A JAX process drives its host's devices: 2 ranks of 4 devices store exactly the
+    chunks 8 ranks of one device store, each rank's folder the union of its 4 devices'."""
+    one = [orbax.process_chunks(SMALL, par_devices(1), 8, r) for r in range(8)]
+    four = [orbax.process_chunks(SMALL, par_devices(4), 2, r) for r in range(2)]
+    key = lambda c: (c.leaf, c.shard, c.piece, c.stored)  # noqa: E731
+    for rank in range(2):
+        assert sorted(map(key, four[rank])) == sorted(key(c) for r in range(4 * rank, 4 * rank + 4) for c in one[r])
+    plans = [ORBAX.rank_plan(SMALL, par_devices(4), 2, r) for r in range(2)]
+    assert {HEX.match(f.name).group(1) for p in plans for f in p.files if HEX.match(f.name)} == {"0", "1"}
+    sharding = json.loads(plans[0].files[-1].prefix)  # every device of the mesh listed
+    assert all(len(json.loads(v)["device_mesh"]["mesh"]) == 8 for v in sharding.values())
+
+
+def test_on_gpus_replica_0_writes_every_replicated_array_whole():
+    """checkpoint.platform=gpu: Orbax turns the replica-parallel save off, so a norm
+    (replicated over every device) is written whole by the first process alone."""
+    norm = next(i for i, leaf in enumerate(orbax.leaves(SMALL)) if leaf.axis is None)
+    on = [c for r in range(4) for c in orbax.process_chunks(SMALL, par_devices(1), 4, r) if c.leaf == norm]
+    off = {r: [c for c in orbax.process_chunks(SMALL, par_devices(1, replica_parallel=False), 4, r) if c.leaf == norm]
+           for r in range(4)}
+    assert len(on) == 4 and sum(c.elements for c in on) == orbax.leaves(SMALL)[norm].elements
+    assert [len(off[r]) for r in range(4)] == [1, 0, 0, 0] and off[0][0].elements == orbax.leaves(SMALL)[norm].elements
+
+
+def test_a_save_with_4_devices_a_rank_restores_verified_at_another_world_size(tmp_path):
+    writers = save(tmp_path, 2, {"zero_stage": 0}, devices_per_rank=4)
+    assert writers[0].inventory([(1, 1)])["ok"]
+    assert sorted(p.name for p in (tmp_path / "1" / "items").iterdir() if p.name.startswith("ocdbt")) == [
+        "ocdbt.process_0", "ocdbt.process_1"]
+    readers = checkpointers(tmp_path, 4, SHAPE, {"zero_stage": 0}, layout="orbax", restore="framework", saved_ranks=2,
+                            num_checkpoints_write=0, num_checkpoints_read=1, devices_per_rank=4)
+    assert load_verified(readers) == ORBAX.summary(readers[0].cfg.shape, readers[0].cfg.parallelism,
+                                                   readers[0].job, readers[0].cfg.read_size)["bytes_read"]

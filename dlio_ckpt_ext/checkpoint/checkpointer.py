@@ -5,6 +5,7 @@ it can be tested and benchmarked on its own.
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Callable, Optional
 
 from dlio_ckpt_ext import load_plan, plan
@@ -12,6 +13,7 @@ from dlio_ckpt_ext.config import CheckpointId, RunConfig
 from dlio_ckpt_ext.engine import (BufferPool, ContentSpec, FileStats, FileWindow, derive_seed, load_file,
                                   send_file, write_from_memory)
 from dlio_ckpt_ext.engine.buffers import PAGE, allocate, release
+from dlio_ckpt_ext.engine.content import TENSOR_TOP
 from dlio_ckpt_ext.engine.share import Broadcast, read_shared
 from dlio_ckpt_ext.engine.spans import SpanSink, Tracer
 from dlio_ckpt_ext.engine.staging import StagingArea, stage_file
@@ -135,7 +137,19 @@ class Checkpointer:
         name, after the bytes it starts with where it has them (safetensors)."""
         st = self.cfg.streaming
         return ContentSpec(derive_seed(st.seed, directory, rank, name), st.dedup_ratio, st.compress_ratio,
-                           self.prefix(rank, name))
+                           self.prefix(rank, name), self.number_bytes(rank, name))
+
+    def number_bytes(self, rank: int, name: str) -> int:
+        """streaming.content=tensors: the size of file `name`'s numbers (weights: the
+        model's datatype; optimizer and mixed state: the optimizer's, most of its
+        bytes); 0: incompressible bytes (the default, and metadata)."""
+        if self.cfg.streaming.content != "tensors":
+            return 0
+        kind = next((f.kind for f in self.rank_plan(rank).all_files if f.name == name), "metadata")
+        dtype = {"model": self.cfg.shape.model_datatype, "weights": self.cfg.shape.model_datatype,
+                 "optimizer": self.cfg.shape.optimizer_datatype, "state": self.cfg.shape.optimizer_datatype}.get(kind)
+        size = plan.DTYPE_BYTES.get(dtype, 0) if dtype else 0
+        return size if size in TENSOR_TOP else 0
 
     def prefix(self, rank: int, name: str) -> bytes:
         """The bytes file `name` of saved rank `rank` starts with, not generated
@@ -181,6 +195,16 @@ class Checkpointer:
                            "note": "per file or range read, at most one request per read_size piece of it"}
         return out
 
+    def durability(self) -> str:
+        """What a save of ours waits for before it counts, beside what the layout's framework waits for."""
+        if not self.backend.has_directories:
+            ours = "each object durable once its upload completes"
+        elif self.cfg.checkpoint.fsync:
+            ours = "every file fsynced before the save counts (DLIO's and MLPerf's rule)"
+        else:
+            ours = "no fsync (checkpoint.fsync=false)"
+        return f"{ours}; {self.layout.framework} itself: {self.layout.durability}" if self.layout.durability else ours
+
     def rank_bytes(self, rank: int) -> int:
         """Bytes `rank` writes in one checkpoint."""
         return self.rank_plan(rank).total_bytes
@@ -221,26 +245,38 @@ class Checkpointer:
                                    f"step {step} by renaming its temporary folder to it; remove it or choose "
                                    "another checkpoint_folder")
 
-    def _prepare(self, directory: str, barrier: Optional[Callable[[], None]]) -> None:
-        """The checkpoint's directory and the layout's folders in it, made by rank 0
-        while the others wait at `barrier` (a metadata server sees one mkdir each,
-        not one per rank); without a barrier each rank that writes makes them.
-        Object stores need none."""
+    def _prepare(self, directory: str, into: str, barrier: Optional[Callable[[], None]]) -> None:
+        """The checkpoint's directory (`into` while it is written) and the layout's
+        folders in it, made by rank 0 while the others wait at `barrier` (a metadata
+        server sees one mkdir each, not one per rank); without a barrier each rank
+        that writes makes them. Object stores need none."""
         if not self.backend.has_directories:
             return
         if barrier is None:
             mine = self.rank_plan(self.rank)
             if mine.files or mine.commit_files:
-                self._make_dirs(directory)
+                self._make_dirs(directory, into)
             return
         if self.rank == 0:
-            self._make_dirs(directory)
+            self._make_dirs(directory, into)
         barrier()
 
-    def _make_dirs(self, directory: str) -> None:
-        for d in [directory] + [f"{directory}/{sub}" for sub in self.layout.subdirs(
+    def _make_dirs(self, directory: str, into: str) -> None:
+        for d in [into] + [self._target(directory, into, sub) for sub in self.layout.subdirs(
                 self.cfg.shape, self.cfg.parallelism, self.job.saved_ranks)]:
             self.backend.prepare(d)
+
+    def _staged_item(self, directory: str, into: Optional[str]) -> Optional[tuple[str, str]]:
+        """The layout's item folder and its temporary name while a staged checkpoint is written."""
+        return self.layout.item_staging() if into and into != directory else None
+
+    def _target(self, directory: str, into: Optional[str], name: str) -> str:
+        """Where file or folder `name` of the checkpoint is written: in `into` while
+        the checkpoint is staged, its item folder under the temporary name."""
+        staged = self._staged_item(directory, into)
+        if staged and (name == staged[0] or name.startswith(staged[0] + "/")):
+            name = staged[1] + name[len(staged[0]):]
+        return f"{into or directory}/{name}"
 
     def _spans(self, step: int) -> Optional[SpanSink]:
         return self.tracer.chunk_sink(step) if self.tracer else None
@@ -263,15 +299,29 @@ class Checkpointer:
         saved = []
         try:
             for f in files:
-                closed = send_file(self.backend, self._named(f"{into or directory}/{f.name}"), f.size,
-                                   self.content(directory, self.rank, f.name), self.write_buffers(),
-                                   self.gen_threads, progress, window, self._spans(step))
+                closed = self._write_file(directory, into, f, lambda path, f=f: send_file(
+                    self.backend, path, f.size, self.content(directory, self.rank, f.name), self.write_buffers(),
+                    self.gen_threads, progress, window, self._spans(step)), window)
                 saved += self._traced(step, "save", self._observed(closed, step))
             saved += self._traced(step, "save", self._observed(window.close_all(), step))
         except BaseException:
             window.abort()
             raise
         return saved
+
+    def _write_file(self, directory: str, into: Optional[str], f: plan.ShardFile,
+                    send: Callable[[str], list[FileStats]], window: Optional[FileWindow] = None) -> list[FileStats]:
+        """`send` writes file f at the path it is given: its place, or first its
+        temporary name (f.tmp_suffix), closed, then renamed, as its framework
+        commits it. Returns the files closed, named as they end."""
+        path = self._target(directory, into, f.name)
+        staged = f"{path}{f.tmp_suffix}" if f.tmp_suffix and self.backend.has_directories else path
+        closed = send(self._named(staged))
+        if staged != path:
+            closed += window.close_all() if window else []
+            self.backend.rename(staged, path)
+            closed = [replace(c, name=c.name[:-len(f.tmp_suffix)]) if c.name.endswith(staged) else c for c in closed]
+        return closed
 
     def _named(self, path: str) -> str:
         """The file being written or read now, for whoever must name it (a stall)."""
@@ -296,22 +346,35 @@ class Checkpointer:
         if barrier:
             barrier()
         commit = self.rank_plan(self.rank).commit_files
-        saved = self._save_generated(directory, commit, progress, step, into)
+        staged = self._staged_item(directory, into)
+        item = tuple(f for f in commit if staged and f.name.startswith(staged[0] + "/"))
+        saved = self._save_generated(directory, item, progress, step, into)
+        if item:  # the item committed by its own rename first (Orbax's)
+            self.backend.rename(f"{into}/{staged[1]}", f"{into}/{staged[0]}")
+        # the rest lie outside the item (the step's own files)
+        saved += self._save_generated(directory, tuple(f for f in commit if f not in item), progress, step, into)
         if commit and into and into != directory:
             self.backend.rename(into, directory)
-        tracker = self.layout.tracker(step)
-        if commit and tracker:  # the save root's pointer to the last whole checkpoint, last of all
-            self.backend.write_marker(*tracker)
+        if self.rank == 0:  # the save root's pointer to the last whole checkpoint (and scripts), last of all
+            for name, content in self.layout.root_files(step):
+                self._write_root_file(name, content)
         if barrier:
             barrier()
         return saved
+
+    def _write_root_file(self, name: str, content: bytes) -> None:
+        """Written in place, as Megatron and DeepSpeed write their trackers (no
+        temporary file, no rename): a reader during the write can see it empty.
+        Through the pool's aligned buffers, as every file (O_DIRECT needs them)."""
+        send_file(self.backend, self._named(name), len(content), ContentSpec(0, prefix=content),
+                  self.write_buffers(), 1)
 
     def save(self, step: int, epoch: int = 1, progress: Progress = None,
              barrier: Optional[Callable[[], None]] = None) -> list[FileStats]:
         """Generate and write this rank's files; with a committed layout,
         `barrier` (every rank's) brackets the commit."""
         directory, into = self.directory(step, epoch), self.write_dir(step, epoch)
-        self._prepare(into, barrier)
+        self._prepare(directory, into, barrier)
         return self._save_generated(directory, self.files(self.rank), progress, step, into) + \
             self._commit(directory, barrier, progress, step, into)
 
@@ -333,15 +396,16 @@ class Checkpointer:
                 barrier: Optional[Callable[[], None]] = None) -> list[FileStats]:
         """Async mode, in the background: write the staged files, then commit."""
         directory, into = self.directory(step, epoch), self.write_dir(step, epoch)
-        self._prepare(into, barrier)
+        self._prepare(directory, into, barrier)
         area = self.staging_area()
         saved = []
         for f in self.files(self.rank):
-            stats = write_from_memory(self.backend, f"{into}/{f.name}", area.view(f.name), self.cfg.chunk_size,
-                                      progress, self._spans(step))
-            # its content was generated while staging: the report's generation figure
-            stats.fill_s, stats.gen_threads = self.staged_fill_s.get(f.name, 0.0), self.gen_threads
-            saved += self._traced(step, "save", [stats])
+            # a file written again (Orbax's manifest at each commit) is staged once, at its last size
+            stats = self._write_file(directory, into, f, lambda path, f=f: [write_from_memory(
+                self.backend, path, area.view(f.name)[:f.size], self.cfg.chunk_size, progress, self._spans(step))])
+            for s in stats:  # its content was generated while staging: the report's generation figure
+                s.fill_s, s.gen_threads = self.staged_fill_s.get(f.name, 0.0), self.gen_threads
+            saved += self._traced(step, "save", stats)
         return saved + self._commit(directory, barrier, progress, step, into)
 
     def load(self, step: int, epoch: int = 1, progress: Progress = None) -> list[FileStats]:
@@ -409,9 +473,7 @@ class Checkpointer:
         found = {}
         for step, epoch in checkpoints:
             found.update(self.backend.list_sizes(self.directory(step, epoch)))
-        tracker = self.layout.tracker(max(s for s, _ in checkpoints)) if saved and checkpoints else None
-        if tracker:
-            name, content = tracker
+        for name, content in self.layout.root_files(max(s for s, _ in checkpoints)) if saved and checkpoints else ():
             expected[name] = len(content)
             if self.backend.read_marker(name) == content:  # naming another checkpoint, it is missing
                 found[name] = len(content)
@@ -431,9 +493,10 @@ class Checkpointer:
         many a request as the storage takes): every rank its own, so cleanup
         lasts the slowest rank's share. Returns the files deleted."""
         mine = self.rank_plan(self.rank)
-        tracker = self.layout.tracker(max(s for s, _ in checkpoints)) if mine.commit_files and checkpoints else None
-        return self.backend.delete_files([f"{self.directory(s, e)}/{f.name}" for s, e in checkpoints
-                                          for f in mine.all_files] + ([tracker[0]] if tracker else []))
+        roots = self.layout.root_files(max(s for s, _ in checkpoints)) if self.rank == 0 and checkpoints else ()
+        return self.backend.delete_files(list(dict.fromkeys(
+            [f"{self.directory(s, e)}/{f.name}" for s, e in checkpoints for f in mine.all_files]
+            + [name for name, _ in roots])))
 
     def remove_empty_dirs(self, checkpoints: list[CheckpointId]) -> None:
         """After every rank's remove_written, on one rank: the step directories that

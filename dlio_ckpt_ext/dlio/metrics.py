@@ -326,7 +326,8 @@ def metric_lines(phase: str, windows: list[dict], label: str = "[METRIC]") -> li
             f"{label} Checkpoint {phase} I/O Throughput (GiB/second): {t_mean:.4f} (\u00b1{t_std:.4f})"]
 
 
-def results_block(phase: str, report: dict, cache_method: str = "", concurrency: dict | None = None) -> list[str]:
+def results_block(phase: str, report: dict, cache_method: str = "", concurrency: dict | None = None,
+                  durability: str = "") -> list[str]:
     if not report:
         return []
     fmt = lambda v, spec: "n/a" if v is None else format(v, spec)  # noqa: E731
@@ -343,6 +344,7 @@ def results_block(phase: str, report: dict, cache_method: str = "", concurrency:
             f"  {'bottleneck':28s} {report['bottleneck']} (I/O-bound chunks: {report['chunks_io_bound']}, "
             f"generation-bound chunks: {report['chunks_fill_bound']})"] + (
             [f"  {'page cache':28s} {cache_method}"] if cache_method else []) + (
+            [f"  {'durability':28s} {durability}"] if durability else []) + (
             [f"  {'requests in flight':28s} {concurrency['requests_in_flight']} x "
              f"{concurrency['request_bytes'] / 2**20:g} MiB per rank"
              + (f" ({concurrency['files_at_once']} files at once)" if "files_at_once" in concurrency else "")]

@@ -798,7 +798,8 @@ class CheckpointSession:
         backend = self.checkpointer.backend
         concurrency = self.checkpointer.concurrency()
         for phase, method in (("save", backend.write_cache_method), ("load", backend.read_cache_method)):
-            lines += metrics.results_block(phase, reports[phase], method, concurrency.get(phase))
+            lines += metrics.results_block(phase, reports[phase], method, concurrency.get(phase),
+                                           self.checkpointer.durability() if phase == "save" else "")
             if reports[phase]:
                 lines += metrics.client_cpu_lines(phase, reports[phase]["client_cpu"])
                 reports[phase]["retries"] = metrics.phase_retries(self.windows[phase])

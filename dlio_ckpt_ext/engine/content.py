@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 import dgen_py
+import numpy as np
 
 BLOCK = 1 << 20
 _SEED_BITS = 62  # headroom so seed + block index never overflows u64
@@ -24,6 +25,17 @@ def derive_seed(*parts: object) -> int:
     return int.from_bytes(digest, "little") & ((1 << _SEED_BITS) - 1)
 
 
+#: streaming.content=tensors: dgen-py's bytes with each number's top byte (sign and high
+#: exponent bits) narrowed, as trained weights and Adam's moments hold them; zstd's
+#: entropy coder then shrinks them about as far as it shrinks real tensor files.
+#: Per number size: the (AND, OR) of the top byte of even numbers, then of odd ones. The
+#: top byte of fp32, bf16 and fp16 numbers of one tensor takes few values (its exponent's
+#: high bits vary little): here 8 values, then 2. Calibrated against the real libraries'
+#: files (fidelity/manifests: zstd keeps 0.92 of torch's fp32 .distcp, 0.78 of bf16
+#: safetensors; of ours 0.925 and 0.778; lz4 keeps all of both, as of ours)
+TENSOR_TOP = {4: ((0x83, 0x3C), (0x80, 0x3C)), 2: ((0x83, 0x3C), (0x80, 0x3C))}
+
+
 @dataclass(frozen=True)
 class ContentSpec:
     seed: int
@@ -31,6 +43,9 @@ class ContentSpec:
     compress_ratio: int = 1
     #: bytes the file starts with, not generated (a safetensors header); the rest is generated after them
     prefix: bytes = field(default=b"", repr=False)
+    #: streaming.content=tensors: the size of the file's numbers (2 or 4), whose top
+    #: bytes are narrowed (TENSOR_TOP); 0: incompressible
+    number_bytes: int = 0
 
     @property
     def seekable(self) -> bool:
@@ -42,15 +57,15 @@ class _Prefixed:
     data: the prefix's part copied, the data's generated (its offsets counted
     from the data's start, as it was written)."""
 
-    def __init__(self, spec: ContentSpec, size: int, offset: int, threads: int, chunk_size: int,
-                 file_size: Optional[int]) -> None:
+    def __init__(self, spec: ContentSpec, size: int, offset: int, threads: int, chunk_size: int) -> None:
         self.prefix, self.pos, self.end = memoryview(spec.prefix), offset, offset + size
         p = len(spec.prefix)
         self.data = None
         if self.end > p:
             start = max(0, offset - p)
-            self.data = _generated(ContentSpec(spec.seed, spec.dedup_ratio, spec.compress_ratio), self.end - p - start,
-                                   start, threads, chunk_size, None if file_size is None else file_size - p)
+            self.data = _generated(ContentSpec(spec.seed, spec.dedup_ratio, spec.compress_ratio,
+                                               number_bytes=spec.number_bytes), self.end - p - start,
+                                   start, threads, chunk_size)
 
     def fill_chunk(self, view: memoryview) -> int:
         n, done = min(len(view), self.end - self.pos), 0
@@ -63,37 +78,56 @@ class _Prefixed:
         return done
 
 
+class _Tensors:
+    """A generator's bytes with the top byte of every number narrowed
+    (TENSOR_TOP): position-local, so a range regenerates as it was written."""
+
+    def __init__(self, gen: "dgen_py.Generator", number_bytes: int, offset: int) -> None:
+        self.gen, self.size, self.pos = gen, number_bytes, offset
+
+    def fill_chunk(self, view: memoryview) -> int:
+        n = self.gen.fill_chunk(view)
+        first = (self.size - 1 - self.pos) % self.size  # the view's first top byte
+        tops = np.frombuffer(view, np.uint8, n)[first::self.size]
+        parity = ((self.pos + first) // self.size) % 2  # of that number, in the file
+        for k, (mask, bits) in enumerate(TENSOR_TOP[self.size]):
+            some = tops[(k - parity) % 2::2]
+            np.bitwise_and(some, mask, out=some)
+            np.bitwise_or(some, bits, out=some)
+        self.pos += n
+        return n
+
+
 def generator(spec: ContentSpec, size: int, offset: int = 0, threads: int = 1,
-              chunk_size: int = 32 * BLOCK, file_size: Optional[int] = None) -> "dgen_py.Generator":
-    """Bytes [offset, offset+size) of a file of file_size bytes (default: ending
-    there), as dgen-py generated them after the spec's prefix, if it has one."""
+              chunk_size: int = 32 * BLOCK) -> "dgen_py.Generator":
+    """Bytes [offset, offset+size) of a file, as dgen-py generated them after
+    the spec's prefix, if it has one."""
     if spec.prefix:
-        return _Prefixed(spec, size, offset, threads, chunk_size, file_size)
-    return _generated(spec, size, offset, threads, chunk_size, file_size)
+        return _Prefixed(spec, size, offset, threads, chunk_size)
+    return _generated(spec, size, offset, threads, chunk_size)
 
 
 def _generated(spec: ContentSpec, size: int, offset: int = 0, threads: int = 1,
-               chunk_size: int = 32 * BLOCK, file_size: Optional[int] = None) -> "dgen_py.Generator":
-    """A dgen-py generator producing bytes [offset, offset+size) of a file of
-    file_size bytes (default: ending there). An offset inside a block (a saved
+               chunk_size: int = 32 * BLOCK) -> "dgen_py.Generator":
+    """A dgen-py generator producing bytes [offset, offset+size) of a file. An offset inside a block (a saved
     item a restore reads whole) starts at the block and discards the bytes
     before it. dgen-py makes a generator's last bytes differently when it ends
     inside a block (measured: a 9,001-byte generator's last byte is not a
-    longer one's), so a range that ends before the file does is generated to
-    its block's end, as the writer generated it, and only its bytes are used."""
+    longer one's; a range from 16 MiB to the end of a 17,476,003-byte file
+    differs from the whole file's generator in its last 3 bytes), so every
+    generator, the writer's and a reader's, runs to its last block's end and
+    only the bytes asked for are used."""
     if offset and not spec.seekable:
         raise ValueError("content with dedup/compress ratios other than 1 can only be "
                          "generated from the start of the file")
     head = offset % BLOCK
-    end = offset + size
-    if file_size is not None and end < file_size:
-        end = min(file_size, -(-end // BLOCK) * BLOCK)
+    end = -(-(offset + size) // BLOCK) * BLOCK
     gen = dgen_py.Generator(size=end - offset + head, seed=spec.seed + offset // BLOCK, max_threads=threads,
                             chunk_size=chunk_size, dedup_ratio=float(spec.dedup_ratio),
                             compress_ratio=float(spec.compress_ratio))
     if head:
         fill_exact(gen, memoryview(bytearray(head)), 0, "the block before a range")
-    return gen
+    return _Tensors(gen, spec.number_bytes, offset) if spec.number_bytes else gen
 
 
 def fill_exact(gen: "dgen_py.Generator", view: memoryview, offset: int, where: str) -> None:

@@ -87,17 +87,17 @@ def read_shared(backend: Backend, path: str, file_size: int, offset: int, length
                 group.bcast(received[:n], root)
                 out.broadcast_bytes += n
                 if content is not None:
-                    _verify(content, received[:n], at, file_size, expected, gen_threads, backend.uri(path))
+                    _verify(content, received[:n], at, expected, gen_threads, backend.uri(path))
                 if progress:
                     progress(n)
             out.broadcast_s += time.perf_counter() - t0
     return out
 
 
-def _verify(content: ContentSpec, got: memoryview, at: int, file_size: int, expected: memoryview,
+def _verify(content: ContentSpec, got: memoryview, at: int, expected: memoryview,
             gen_threads: int, where: str) -> None:
     n = len(got)
-    gen = generator(content, n, offset=at, threads=gen_threads, chunk_size=max(n, 1 << 20), file_size=file_size)
+    gen = generator(content, n, offset=at, threads=gen_threads, chunk_size=max(n, 1 << 20))
     gen.fill_chunk(expected[:n])
     first = first_difference(got, expected[:n])
     if first >= 0:

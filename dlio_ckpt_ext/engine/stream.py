@@ -344,7 +344,7 @@ def load_file(backend: Backend, path: str, size: int, pool: BufferPool,
             first, last = next(r for r in ranges if r[0] <= c.offset < r[1])
             if first not in gens:
                 gens[first] = generator(content, last - first, offset=first, threads=gen_threads,
-                                        chunk_size=request, file_size=size)
+                                        chunk_size=request)
             gens[first].fill_chunk(expected[:c.nbytes])
             got = c.data if c.data is not None else c.buffer
             first = first_difference(got[:c.nbytes], expected[:c.nbytes])

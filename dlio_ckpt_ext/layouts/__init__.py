@@ -23,8 +23,8 @@ def get(name: str) -> Layout:
 
 
 def of(p: plan.Parallelism) -> Layout:
-    """The layout a plan's parallelism names."""
-    return get(p.layout)
+    """The layout a plan's parallelism names, in the variant its settings choose."""
+    return get(p.layout).variant(p)
 
 
 def rank_plan(m: plan.ModelShape, p: plan.Parallelism, world: int, rank: int) -> plan.RankPlan:

@@ -27,10 +27,19 @@ class Layout:
     pattern_key = "checkpoint.restore"
     #: the framework whose files these are, for the results
     framework = ""
+    #: what the framework's own save waits for on a file system (as strace showed it,
+    #: fidelity/manifests): RESULTS says it beside what ours waits for
+    durability = ""
     #: MLPerf Storage's reference layout: the only one a CLOSED submission writes
     mlperf_closed = False
     #: checkpoint.replicas means something to it (Orbax's slices); the others refuse it
     has_replicas = False
+    #: checkpoint.devices_per_rank and checkpoint.platform mean something to it (Orbax's)
+    has_devices = False
+    #: model.parallelism.overlap_grad_reduce means something to it (Megatron's DDP buckets)
+    has_buckets = False
+    #: checkpoint.deepspeed_files means something to it (DeepSpeed's own files beside DLIO's)
+    has_framework_files = False
     #: its checkpoint names carry DLIO's epoch beside the step (DLIO's own names);
     #: the others name a checkpoint by the training iteration alone, as their frameworks do
     names_epoch = False
@@ -46,6 +55,12 @@ class Layout:
         None: written in place. Object stores always write in place."""
         return None
 
+    def item_staging(self) -> Optional[tuple[str, str]]:
+        """(folder, temporary name) of a folder of the checkpoint written under the
+        temporary name and renamed by the commit before the checkpoint's own
+        rename (Orbax's item), when the checkpoint is staged; None: none."""
+        return None
+
     def subdirs(self, m: ModelShape, p: Parallelism, world: int) -> list[str]:
         """Folders below a checkpoint's directory that its files go in, parents
         first: made by rank 0 before any rank writes."""
@@ -55,6 +70,21 @@ class Layout:
         """The file at the checkpoint folder's root that names the last whole
         checkpoint (Megatron's), and its content, written after the commit; None: none."""
         return None
+
+    def root_files(self, step: int) -> tuple[tuple[str, bytes], ...]:
+        """Every file rank 0 writes at the checkpoint folder's root after a
+        checkpoint (the tracker, scripts), with its content, in writing order."""
+        tracker = self.tracker(step)
+        return (tracker,) if tracker else ()
+
+    def facts(self, m: ModelShape, p: Parallelism, world: int) -> list[str]:
+        """What the plan command says of the save's structure beyond files and
+        bytes (Megatron's DDP buckets, Orbax's processes), a line each."""
+        return []
+
+    def variant(self, p: Parallelism) -> "Layout":
+        """This layout as p's settings choose it (DeepSpeed's own files); itself for most."""
+        return self
 
     # -- the save plan --------------------------------------------------------
     def check(self, m: ModelShape, p: Parallelism, comm_size: int) -> None:
@@ -123,8 +153,9 @@ class Layout:
             raise ConfigError("rank", rank, f"0..{job.ranks - 1}")
         if job.pattern == "own":
             src = (rank + job.shift) % job.ranks
-            return tuple(self.metadata_reads(m, p, job)
-                         + [load_plan.whole(f, src) for f in self.saved(m, p, job, src).files])
+            # a file written again (Orbax's manifest at each commit) is read once, as it ended
+            last = {f.name: f for f in self.saved(m, p, job, src).files}
+            return tuple(self.metadata_reads(m, p, job) + [load_plan.whole(f, src) for f in last.values()])
         return tuple(self.framework_reads(m, p, job, rank))
 
     def framework_reads(self, m: ModelShape, p: Parallelism, job: LoadJob, rank: int) -> list[ReadRange]:

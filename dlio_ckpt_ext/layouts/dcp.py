@@ -1,9 +1,15 @@
 """torch.distributed.checkpoint's layout for an FSDP-sharded model (torchtitan):
 `step-{s}/__{rank}_0.distcp`, each rank's row shards of every tensor (the
 parameter, then Adam's two moments), and a `.metadata` that rank 0 writes
-once every rank has finished (DCP's commit). A restore reads `.metadata` on
-every rank, then its data; at another world size each saved item whose rows
-overlap the rank's new rows, whole (DCP's planner and reader)."""
+once every rank has finished (DCP's commit: `.metadata.tmp`, fsync, rename).
+A restore reads `.metadata` on every rank, then its data; at another world
+size each saved item whose rows overlap the rank's new rows, whole (DCP's
+planner and reader).
+
+Sizes as a real save of torch 2.14.1 made them (fidelity/manifests,
+docs/fidelity.md): every item wrapped by torch.save, and the optimizer's
+replicated items (each parameter's `step` and param_groups' values) on the
+ranks after 0, where DCP's deduplication put them."""
 from __future__ import annotations
 
 from functools import lru_cache
@@ -15,11 +21,42 @@ from dlio_ckpt_ext.layouts.base import Layout
 from dlio_ckpt_ext.load_plan import LoadJob, ReadRange
 from dlio_ckpt_ext.plan import ModelShape, Parallelism, RankPlan, ShardFile
 
-#: bytes of DCP's .metadata per (tensor, state entry, rank): an approximation of the
-#: pickled chunk and storage records (offset, length, path, shape) DCP keeps for each
+#: bytes of a .metadata per saved item: an estimate, for Megatron's (its own per-item
+#: sizes are in megatron.py)
 METADATA_ENTRY_BYTES = 200
+#: DCP's FileSystemWriter writes `.metadata.tmp`, fsyncs it and renames it (finish())
+METADATA_TMP = ".tmp"
 #: what DCP saves per parameter for Adam: the parameter and its two moments
 STATE_ENTRIES = 3
+#: the FileSystemWriter saves each item with torch.save (SerializationFormat.TORCH_SAVE):
+#: a tensor item is its bytes and a zip around them this much larger (torch 2.14.1, measured)
+ITEM_OVERHEAD = 1577
+#: the optimizer's replicated items of each parameter: its `step` (a 0-dim fp32 tensor,
+#: wrapped) and param_groups' 11 values (lr, betas, eps, weight_decay, amsgrad, maximize,
+#: foreach, capturable, differentiable, fused, decoupled_weight_decay), each a byte item
+STEP_ITEM = 4 + ITEM_OVERHEAD
+PARAM_GROUP_KEYS = 11
+PARAM_GROUP_ITEM = 1261
+#: .metadata, a pickle: about this much per key of the state dict (its planner data and
+#: metadata) and per saved tensor chunk (its storage record); fitted to real saves at
+#: 1 and 4 ranks, within 1.2 KB of the one at 2
+METADATA_KEY_BYTES = 231
+METADATA_CHUNK_BYTES = 237
+
+
+def replicated_holder(index: int, count: int, world: int) -> int:
+    """The rank whose file holds replicated item `index` of `count`: DCP's deduplication
+    gives each to the smallest plan, which measured at 2 and 4 ranks spreads them evenly
+    over every rank but 0 (rank 0 alone at 1)."""
+    return 0 if world == 1 else 1 + index * (world - 1) // count
+
+
+def _replicated_on(m: ModelShape, world: int, rank: int) -> tuple[int, int, frozenset]:
+    """(param_groups byte items, step items) rank's file holds, and which parameters' steps."""
+    t = len(plan.dcp_tensors(m))
+    groups = sum(1 for j in range(PARAM_GROUP_KEYS * t) if replicated_holder(j, PARAM_GROUP_KEYS * t, world) == rank)
+    steps = frozenset(k for k in range(t) if replicated_holder(k, t, world) == rank)
+    return groups, len(steps), steps
 
 
 def bytes_per_parameter(m: ModelShape) -> int:
@@ -37,30 +74,51 @@ def rows_held(rows: int, world: int, rank: int) -> tuple[int, int]:
 
 @lru_cache(maxsize=4096)
 def items(m: ModelShape, world: int, rank: int) -> list[tuple[int, int, int, int, int]]:
-    """The items of rank's `__{rank}_0.distcp` at world size `world`, in file
-    order: (tensor index, first row, rows, offset, length). The model's
-    parameters first, then the optimizer's two moments of each parameter, as a
-    torchtitan state dict lists them ({"model": ..., "optimizer": ...})."""
+    """The tensor items of rank's `__{rank}_0.distcp` at world size `world`, in
+    file order: (tensor index, first row, rows, offset, length), each item its
+    whole torch.save blob (what DCP's reader reads). The byte items first, then
+    the model's parameters, then per parameter its `step` where this rank holds
+    it and its two moments, as a torchtitan state dict lists them
+    ({"model": ..., "optimizer": ...})."""
     mbytes, obytes = (plan.DTYPE_BYTES[m.model_datatype], plan.DTYPE_BYTES[m.optimizer_datatype])
     tensors = plan.dcp_tensors(m)
-    out, offset = [], 0
+    groups, _, steps = _replicated_on(m, world, rank)
+    out, offset = [], groups * PARAM_GROUP_ITEM
     for dtype_bytes, entries in ((mbytes, 1), (obytes, 2)):
         for t, (rows, cols) in enumerate(tensors):
+            if entries == 2 and t in steps:
+                offset += STEP_ITEM
             mine = plan.fsdp_rows(rows, world, rank)
             if not mine:
                 continue
             first = rank * -(-rows // world)
             for _ in range(entries):
-                length = mine * cols * dtype_bytes
+                length = mine * cols * dtype_bytes + ITEM_OVERHEAD
                 out.append((t, first, mine, offset, length))
                 offset += length
     return out
+
+
+def file_bytes(m: ModelShape, world: int, rank: int) -> int:
+    """Rank's `.distcp`: its byte items, tensor items and steps."""
+    groups, n_steps, _ = _replicated_on(m, world, rank)
+    return groups * PARAM_GROUP_ITEM + n_steps * STEP_ITEM + sum(x[4] for x in items(m, world, rank))
+
+
+def metadata_bytes(m: ModelShape, world: int) -> int:
+    """.metadata: every key of the state dict (each parameter's weight, two moments,
+    step and param_groups values) and every tensor chunk saved."""
+    keys = (STATE_ENTRIES + 1 + PARAM_GROUP_KEYS) * len(plan.dcp_tensors(m))
+    chunks = sum(STATE_ENTRIES for rank in range(world) for rows, _ in plan.dcp_tensors(m)
+                 if plan.fsdp_rows(rows, world, rank))
+    return METADATA_KEY_BYTES * keys + METADATA_CHUNK_BYTES * chunks
 
 
 class DCP(Layout):
     name = "dcp"
     committed = True
     framework = "torch.distributed.checkpoint"
+    durability = "each .distcp fsynced, then .metadata.tmp fsynced and renamed (no folder fsync)"
 
     def checkpoint_dir(self, step: int, epoch: int = 1) -> str:
         return f"step-{step}"
@@ -73,13 +131,10 @@ class DCP(Layout):
 
     def plan_rank(self, m: ModelShape, p: Parallelism, world: int, rank: int) -> RankPlan:
         world = p.data if p.mode == "subset" else world
-        tensors = plan.dcp_tensors(m)
-        elements = sum(plan.fsdp_rows(rows, world, rank) * cols for rows, cols in tensors)
-        files = (ShardFile(f"__{rank}_0.distcp", elements * bytes_per_parameter(m), "state"),)
+        files = (ShardFile(f"__{rank}_0.distcp", file_bytes(m, world, rank), "state"),)
         commit = ()
         if rank == 0:
-            commit = (ShardFile(".metadata", METADATA_ENTRY_BYTES * STATE_ENTRIES * len(tensors) * world,
-                                "metadata"),)
+            commit = (ShardFile(".metadata", metadata_bytes(m, world), "metadata", tmp_suffix=METADATA_TMP),)
         return RankPlan(rank, rank, 0, 0, 0, files, commit)
 
     def metadata_reads(self, m: ModelShape, p: Parallelism, job: LoadJob) -> list[ReadRange]:

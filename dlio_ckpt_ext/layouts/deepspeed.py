@@ -3,7 +3,13 @@ exactly the bytes an upstream DLIO run would (and MLPerf Storage's CLOSED
 runs): `global_epoch{e}_step{s}/zero_pp_rank_{dp}_mp_rank_{mp:02d}_{model,optim}_states.pt`
 (ZeRO-1/2: the model states once per model-parallel rank, by data-parallel
 rank 0; with pipeline stages one file per layer). Restores follow DeepSpeed's
-loader and its universal checkpoint (docs/restores.md)."""
+loader and its universal checkpoint (docs/restores.md).
+
+checkpoint.deepspeed_files=deepspeed writes the files DeepSpeed itself writes
+instead, as a real save of DeepSpeed 0.19.8 left them (fidelity/manifests,
+docs/fidelity.md): `global_step{s}/`, ZeRO-3 model states without weights,
+the `bf16_` prefix of a bf16 run's optimizer files, and at the save root
+`latest` and the two recovery scripts. OPEN only: CLOSED writes DLIO's."""
 from __future__ import annotations
 
 from dlio_ckpt_ext import load_plan, plan
@@ -25,14 +31,27 @@ def layer_elements(m: ModelShape, layer: int, tp: int, shard: int) -> int:
             + h // shard + 2 * h * f // tp // shard + h * f // tp // shard)
 
 
+#: the recovery scripts DeepSpeed 0.19.8 copies to the save root at every save, and their sizes
+RECOVERY_SCRIPTS = (("zero_to_fp32.py", 38580), ("zero_to_torch.py", 2490))
+#: a ZeRO-3 rank's *_model_states.pt holds no weights (every parameter a (0,)-shaped
+#: tensor): the module's structure and bookkeeping, about this many bytes a parameter
+#: tensor (11,177 B for the 21 tensors of our 2-layer test model, DeepSpeed 0.19.8)
+ZERO3_MODEL_STATES_PER_TENSOR = 532
+
+
 class DeepSpeed(Layout):
     name = "deepspeed"
     framework = "DeepSpeed"
     mlperf_closed = True
     names_epoch = True
+    has_framework_files = True
+    durability = "no fsync, no rename: its save returns once the bytes are in the page cache"
 
     def checkpoint_dir(self, step: int, epoch: int = 1) -> str:
         return f"global_epoch{epoch}_step{step}"
+
+    def variant(self, p: Parallelism) -> Layout:
+        return FILES if p.framework_files else self
 
     def plan_rank(self, m: ModelShape, p: Parallelism, world: int, rank: int) -> RankPlan:
         tp, pp = p.tensor, p.pipeline
@@ -60,15 +79,23 @@ class DeepSpeed(Layout):
                     size = sum(layer_elements(m, i, tp, 1) for i in layers) * mbytes
                     files.append(ShardFile(f"mp_rank_{mp_rank:02d}_model_states.pt", size, "model"))
         else:
-            size = sum(layer_elements(m, i, tp, shard) for i in layers) * mbytes
+            size = self.zero3_model_states(m, sum(layer_elements(m, i, tp, shard) for i in layers) * mbytes)
             files.append(ShardFile(f"{prefix}_model_states.pt", size, "model"))
 
         n = plan.num_parameters(m) // (dp * mp if p.zero_stage > 0 else mp)
         if n > 0:
             # Adam: parameters, momentum, variance, each with 5*h of bookkeeping.
-            files.append(ShardFile(f"{prefix}_optim_states.pt", (3 * n + 15 * m.hidden_size) * obytes,
-                                   "optimizer"))
+            files.append(ShardFile(f"{self.optimizer_prefix(m)}{prefix}_optim_states.pt",
+                                   (3 * n + 15 * m.hidden_size) * obytes, "optimizer"))
         return RankPlan(rank, dp_rank, mp_rank, pp_rank, tp_rank, tuple(files))
+
+    def zero3_model_states(self, m: ModelShape, weights: int) -> int:
+        """A ZeRO-3 rank's model states file, given the bytes of its weight shard:
+        upstream DLIO writes the shard there."""
+        return weights
+
+    def optimizer_prefix(self, m: ModelShape) -> str:
+        return ""
 
     def framework_reads(self, m: ModelShape, p: Parallelism, job: LoadJob, rank: int) -> list[ReadRange]:
         return self._model_states(m, p, job, rank) + self._optimizer(m, p, job, rank)
@@ -122,4 +149,36 @@ class DeepSpeed(Layout):
                 if f.kind == "optimizer"]
 
 
+
+class DeepSpeedFiles(DeepSpeed):
+    """The files a DeepSpeed 0.19.8 save itself writes (checkpoint.deepspeed_files=deepspeed)."""
+    framework = "DeepSpeed (its own files)"
+    mlperf_closed = False
+    names_epoch = False
+    #: rank 0 writes `latest` once every rank's files are down (save_checkpoint's barrier)
+    committed = True
+
+    def checkpoint_dir(self, step: int, epoch: int = 1) -> str:
+        return f"global_step{step}"  # DeepSpeed's default tag
+
+    def tracker(self, step: int) -> tuple[str, bytes]:
+        return "latest", self.checkpoint_dir(step).encode()
+
+    def root_files(self, step: int) -> tuple[tuple[str, bytes], ...]:
+        return (self.tracker(step),) + tuple((name, _stand_in(name, size)) for name, size in RECOVERY_SCRIPTS)
+
+    def zero3_model_states(self, m: ModelShape, weights: int) -> int:
+        return ZERO3_MODEL_STATES_PER_TENSOR * len(plan.dcp_tensors(m))
+
+    def optimizer_prefix(self, m: ModelShape) -> str:
+        return "bf16_" if m.model_datatype == "bf16" else ""
+
+
+def _stand_in(name: str, size: int) -> bytes:
+    """A file of the script's size that says what it stands for."""
+    head = f"# {name}: DeepSpeed's recovery script, written at its size by dlio-ckpt-ext\n".encode()
+    return head + b"#" * (size - len(head) - 1) + b"\n"
+
+
 LAYOUT = DeepSpeed()
+FILES = DeepSpeedFiles()

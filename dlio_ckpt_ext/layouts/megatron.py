@@ -33,18 +33,29 @@ from typing import Iterable
 from dlio_ckpt_ext import load_plan, plan
 from dlio_ckpt_ext.errors import ConfigError
 from dlio_ckpt_ext.layouts.base import Layout
-from dlio_ckpt_ext.layouts.dcp import METADATA_ENTRY_BYTES
+from dlio_ckpt_ext.layouts.dcp import ITEM_OVERHEAD, METADATA_TMP
 from dlio_ckpt_ext.load_plan import LoadJob, ReadRange
 from dlio_ckpt_ext.plan import ModelShape, Parallelism, RankPlan, ShardFile
 
 #: metadata.json as dist_checkpointing's save_config writes it (json.dump of CheckpointingConfig;
 #: Megatron-core 0.19 dropped the common backend's two keys with common.pt)
 METADATA_JSON = json.dumps({"sharded_backend": "torch_dist", "sharded_backend_version": 1}).encode()
-#: byte items (ShardedObjects, torch.save'd): the common state (args, iteration, scheduler)
-#: in rank 0's file, the RNG state in data-parallel rank 0's of each model-parallel position.
-#: Estimates of their pickles' size, not measured: they are a rounding error of a save.
-COMMON_STATE_BYTES = 16 << 10
-RNG_STATE_BYTES = 10 << 10
+#: byte items (ShardedObjects, pickled), as a Megatron-LM save with megatron-core 0.19.2 wrote
+#: them (fidelity/manifests): the common state (args, iteration, scheduler) in rank 0's file;
+#: each linear layer's _extra_state in tensor-parallel rank 0's of its stage; in data-parallel
+#: rank 0's of each model-parallel position its RNG state and the distributed optimizer's
+#: three objects (its param groups, per_bucket_numel and per_bucket_numel_unpadded)
+COMMON_STATE_BYTES = 30317
+EXTRA_STATE_BYTES = 1261
+LINEARS_PER_LAYER = 4   # linear_qkv, linear_proj, linear_fc1, linear_fc2
+RNG_STATE_BYTES = 15449
+OPTIMIZER_OBJECT_BYTES = (1837, 1325, 1325)
+#: .metadata: about this many bytes a saved item (tensor chunk or object), measured 299-330
+#: on real saves at TP 1 and 2 and DP 1, 2 and 4
+METADATA_ITEM_BYTES = 313
+#: --overlap-grad-reduce (the 8B recipe's): the distributed optimizer's DDP buckets of
+#: max(40M, 1M x DP) parameters (DistributedDataParallelConfig.bucket_size's default)
+BUCKET_PARAMETERS, BUCKET_PARAMETERS_PER_DP = 40_000_000, 1_000_000
 TRACKER = "latest_checkpointed_iteration.txt"
 #: Megatron pads the vocabulary to a multiple of this x tensor parallelism (--make-vocab-size-divisible-by)
 VOCAB_DIVISOR = 128
@@ -68,8 +79,14 @@ class Piece:
     tp_shared: bool = False
 
     @property
-    def size(self) -> int:
+    def nbytes(self) -> int:
+        """The tensor's bytes (what the fully parallel save balances)."""
         return self.elements * self.itemsize
+
+    @property
+    def size(self) -> int:
+        """Its bytes in the file: the tensor wrapped by torch.save (DCP's item format)."""
+        return self.nbytes + ITEM_OVERHEAD
 
 
 def padded_vocab(vocab: int, tp: int) -> int:
@@ -139,15 +156,15 @@ def _saved_pieces(m: ModelShape, p: Parallelism, world: int, tp_rank: int, pp_ra
     # the TP-replicated norms are saved by tensor-parallel rank 0's group only (their main replica)
     weights = tuple(piece for name, n, shared in params if tp_rank == 0 or not shared
                     for piece in _weight_chunks(name, n, mbytes, shared))
-    optim = _optimizer_parts(params, grid.dp, obytes, tp_rank == 0)
-    loads = [sum(x.size for x in optim[d]) for d in range(grid.dp)]
+    optim = _optimizer_parts(params, grid.dp, obytes, bucket_size(p, grid.dp))
+    loads = [sum(x.nbytes for x in optim[d]) for d in range(grid.dp)]
     held: list[list[Piece]] = [[] for _ in range(grid.dp)]
     # determine_main_replica_uniform_distribution: each replicated shard goes to the least
     # loaded member, the largest first (ties: by name, then the lowest rank)
-    for piece in sorted(weights, key=lambda x: (-x.size, x.name)):
+    for piece in sorted(weights, key=lambda x: (-x.nbytes, x.name)):
         d = min(range(grid.dp), key=lambda i: (loads[i], i))
         held[d].append(piece)
-        loads[d] += piece.size
+        loads[d] += piece.nbytes
     order = {(x.name, x.first): i for i, x in enumerate(weights)}
     files = tuple(tuple(sorted(held[d], key=lambda x: order[(x.name, x.first)])) + optim[d] for d in range(grid.dp))
     return files, weights
@@ -162,38 +179,72 @@ def _weight_chunks(name: str, elements: int, itemsize: int, shared: bool) -> tup
     return (Piece(name, elements, itemsize, True, 0, shared),)
 
 
+def bucket_size(p: Parallelism, dp: int) -> int:
+    """Parameters a DDP bucket closes at: --overlap-grad-reduce's, or 0 (none: one
+    bucket the whole buffer)."""
+    return max(BUCKET_PARAMETERS, BUCKET_PARAMETERS_PER_DP * dp) if p.overlap_grad_reduce else 0
+
+
+def buckets(params: list[tuple[str, int, bool]], size: int) -> list[list[tuple[str, int, bool]]]:
+    """The grad buffer's buckets: its parameters in reverse registration order, a
+    bucket closed once it holds `size` parameters or more (0: one bucket)."""
+    out: list[list[tuple[str, int, bool]]] = [[]]
+    held = 0
+    for param in reversed(params):
+        if size and held >= size:
+            out.append([])
+            held = 0
+        out[-1].append(param)
+        held += param[1]
+    return [b for b in out if b]
+
+
 def _optimizer_parts(params: list[tuple[str, int, bool]], dp: int, itemsize: int,
-                     with_shared: bool) -> tuple[tuple[Piece, ...], ...]:
-    """The distributed optimizer's parts on each data-parallel rank: the model
-    position's parameters in one flat buffer (in reverse registration order, as
-    its grad buffer holds them), split evenly over the group; each rank saves the
-    three states of each parameter's slice it holds (the TP-replicated norms
-    with_shared only: tensor-parallel rank 0 saves their main replica)."""
-    total = sum(n for _, n, _ in params)
-    per = -(-total // dp)
+                     bucket: int = 0) -> tuple[tuple[Piece, ...], ...]:
+    """The distributed optimizer's parts on each data-parallel rank, as its
+    dp_reshardable save writes them: each DDP bucket of the model position's
+    grad buffer split evenly over the group; for each bucket a rank saves the
+    fp32 main parameters of its slice, then their exp_avg, then their
+    exp_avg_sq, a chunk a parameter. Every tensor-parallel rank saves its own
+    buffer, the replicated norms' state included."""
     out: list[list[Piece]] = [[] for _ in range(dp)]
-    at = 0
-    for name, n, shared in reversed(params):
-        lo = at
-        while (with_shared or not shared) and lo < at + n:
-            d = lo // per
-            hi = min(at + n, (d + 1) * per)
-            out[d] += [Piece(f"optimizer.{state}.{name}", hi - lo, itemsize, False, lo - at, shared)
-                       for state in OPTIMIZER_STATES]
-            lo = hi
-        at += n
+    for members in buckets(params, bucket):
+        per = -(-sum(n for _, n, _ in members) // dp)
+        slices: list[list[tuple[str, int, int]]] = [[] for _ in range(dp)]
+        at = 0
+        for name, n, _ in members:
+            lo = at
+            while lo < at + n:
+                d = lo // per
+                hi = min(at + n, (d + 1) * per)
+                slices[d].append((name, hi - lo, lo - at))
+                lo = hi
+            at += n
+        for d in range(dp):
+            out[d] += [Piece(f"optimizer.{state}.{name}", count, itemsize, False, first)
+                       for state in OPTIMIZER_STATES for name, count, first in slices[d]]
     return tuple(tuple(x) for x in out)
 
 
-def _objects_bytes(rank: int, dp_rank: int) -> int:
+def _objects(m: ModelShape, grid: Grid, rank: int) -> tuple[int, ...]:
     """The byte items a rank's file starts with (DCP writes byte items first)."""
-    return (COMMON_STATE_BYTES if rank == 0 else 0) + (RNG_STATE_BYTES if dp_rank == 0 else 0)
+    tp_rank, dp_rank, pp_rank = grid.position(rank)
+    if dp_rank:
+        return ()
+    first, last = plan.layer_range(pp_rank, grid.pp, m.num_layers)
+    layers = len(range(max(first, 1), min(last, m.num_layers) + 1))
+    return (((COMMON_STATE_BYTES,) if rank == 0 else ())
+            + ((EXTRA_STATE_BYTES,) * LINEARS_PER_LAYER * layers if tp_rank == 0 else ())
+            + (RNG_STATE_BYTES,) + OPTIMIZER_OBJECT_BYTES)
 
 
 class Megatron(Layout):
     name = "megatron"
     committed = True
+    has_buckets = True
     framework = "Megatron-core dist_checkpointing (torch_dist)"
+    durability = ("each .distcp fsynced, .metadata.tmp fsynced and renamed; metadata.json and the tracker "
+                  "written without fsync")
 
     def checkpoint_dir(self, step: int, epoch: int = 1) -> str:
         return f"iter_{step:07d}"
@@ -219,15 +270,26 @@ class Megatron(Layout):
         grid = _grid(p, world)
         tp_rank, dp_rank, pp_rank = grid.position(rank)
         files, _ = _saved_pieces(m, p, world, tp_rank, pp_rank)
-        data = ShardFile(f"__{rank}_0.distcp", _objects_bytes(rank, dp_rank) + sum(x.size for x in files[dp_rank]),
+        data = ShardFile(f"__{rank}_0.distcp", sum(_objects(m, grid, rank)) + sum(x.size for x in files[dp_rank]),
                          "state")
         commit = ()
         if rank == 0:
-            items = sum(len(_saved_pieces(m, p, world, t, s)[0][d]) for s in range(grid.pp)
-                        for t in range(grid.tp) for d in range(grid.dp))
-            commit = (ShardFile(".metadata", METADATA_ENTRY_BYTES * items, "metadata"),
+            items = sum(len(_saved_pieces(m, p, world, t, s)[0][d]) + len(_objects(m, grid, grid.rank(t, d, s)))
+                        for s in range(grid.pp) for t in range(grid.tp) for d in range(grid.dp))
+            commit = (ShardFile(".metadata", METADATA_ITEM_BYTES * items, "metadata", tmp_suffix=METADATA_TMP),
                       ShardFile("metadata.json", len(METADATA_JSON), "metadata", METADATA_JSON))
         return RankPlan(rank, dp_rank, tp_rank + grid.tp * pp_rank, pp_rank, tp_rank, (data,), commit)
+
+    def facts(self, m: ModelShape, p: Parallelism, world: int) -> list[str]:
+        grid = _grid(p, world)
+        size = bucket_size(p, grid.dp)
+        count = len(buckets(parameters(m, grid.tp, grid.pp, 0, 0), size))
+        items = [sum(1 for x in _saved_pieces(m, p, world, t, s)[0][d] if x.name.startswith("optimizer."))
+                 for s in range(grid.pp) for t in range(grid.tp) for d in range(grid.dp)]
+        how = (f"of at least {size:,} parameters (--overlap-grad-reduce at DP {grid.dp})" if size else
+               "(overlap_grad_reduce off: the whole buffer)")
+        return [f"DDP buckets: {count} a model-parallel position {how}; optimizer items a rank "
+                f"{min(items)}-{max(items)}"]
 
     # -- loads ----------------------------------------------------------------
     def metadata_reads(self, m: ModelShape, p: Parallelism, job: LoadJob) -> list[ReadRange]:
@@ -259,7 +321,7 @@ def _pieces_at(layout: Megatron, m: ModelShape, p: Parallelism, world: int) -> d
         for t in range(grid.tp):
             files, _ = _saved_pieces(m, p, world, t, s)
             for d in range(grid.dp):
-                offset = _objects_bytes(grid.rank(t, d, s), d)
+                offset = sum(_objects(m, grid, grid.rank(t, d, s)))
                 for x in files[d]:
                     out[(s, 0 if x.tp_shared else t, x.name, x.first)] = (grid.rank(t, d, s), offset, x.size)
                     offset += x.size
@@ -288,9 +350,10 @@ def _framework_reads(layout: Megatron, m: ModelShape, p: Parallelism, job: LoadJ
               for x in _weight_chunks(name, n, 1, shared)]
     # this rank's optimizer range at the loading world size, against the parts saved
     saved: dict[str, list[Piece]] = {}
-    for part in (y for d in _optimizer_parts(params, _grid(p, job.saved_ranks).dp, 1, True) for y in d):
+    saved_dp = _grid(p, job.saved_ranks).dp
+    for part in (y for d in _optimizer_parts(params, saved_dp, 1, bucket_size(p, saved_dp)) for y in d):
         saved.setdefault(part.name, []).append(part)
-    for x in _optimizer_parts(params, grid.dp, 1, True)[dp_rank]:
+    for x in _optimizer_parts(params, grid.dp, 1, bucket_size(p, grid.dp))[dp_rank]:
         wanted += [(*at(y), y.first) for y in saved[x.name]
                    if y.first < x.first + x.elements and x.first < y.first + y.elements]
     ranges: tuple[list[ReadRange], list[ReadRange]] = ([], [])

@@ -6,16 +6,21 @@
     {step}/items/array_metadatas/process_{i}
     {step}/items/ocdbt.process_{i}/manifest.ocdbt, d/<32 hex>...
 
-Every rank is one JAX process with one device. MaxText's state (params, Adam's
-mu and nu, fp32) is sharded over all devices on each array's embed axis (its
-default mesh: FSDP over the slice), `checkpoint.replicas` slices replicating
-it. Each process appends its chunks (one a device shard, the replica-parallel
-save's slice of it when replicated: replica r writes slice r of R) to its own
-data files, zstd-compressed, a new file once one reaches the target size;
-values of 1 KiB or less live inline in the B-tree. Process 0 writes the
-metadata and, once every process is done, merges the B-trees (not the data)
-into the item's root, marks the commit and, on storage with directories,
-renames the `.orbax-checkpoint-tmp` folder it wrote into.
+Every rank is one JAX process driving `checkpoint.devices_per_rank` devices (a
+host's accelerators) and writing all their shards into its own
+`ocdbt.process_{i}`. MaxText's state (params, Adam's mu and nu, fp32) is
+sharded over all devices on each array's embed axis (its default mesh: FSDP
+over the slice), `checkpoint.replicas` slices replicating it. Each process
+appends its chunks (one a device shard, the replica-parallel save's slice of
+it when replicated: replica r writes slice r of R, unless
+`checkpoint.platform=gpu` turns that off) to its own data files,
+zstd-compressed, one file an OCDBT commit (cut as real saves cut them, and at
+the target size), rewriting its manifest at each commit; values of 1 KiB or
+less live inline in the B-tree. Process 0 writes the metadata and, once every
+process is done, merges the B-trees (not the data) into the item's root and
+marks the commit; on storage with directories the item's
+`.orbax-checkpoint-tmp` folder is renamed, then the step's.
+Compared file for file with real saves in docs/fidelity.md.
 """
 from __future__ import annotations
 
@@ -42,12 +47,33 @@ TARGET_DATA_FILE_BYTES = 2 << 30
 INLINE_BYTES = 1024
 #: a zarr3 shard of one chunk: its index entry (16 bytes) and its crc32c (4) after the data
 CHUNK_OVERHEAD = 20
-#: a B-tree leaf entry (its key, the param name and chunk index, and the data file, offset
-#: and length it points to) and a manifest: estimates from Orbax's checked-in test
-#: checkpoint (203 bytes a process manifest, 113 the merged one), not measured on a save
-BTREE_ENTRY_BYTES = 100
-PROCESS_MANIFEST_BYTES = 203
-ROOT_MANIFEST_BYTES = 113
+#: a B-tree (compressed, as OCDBT writes its nodes): an entry a chunk (its key, the data
+#: file, offset and length it points to), and the inline values, which shrink to this share;
+#: fitted on five real saves' merged trees (orbax-checkpoint 0.12.4, fidelity/manifests),
+#: within 3.9 KB of each
+BTREE_ENTRY_BYTES = 93
+BTREE_INLINE_SHARE = 0.134
+#: the item's merged manifest
+ROOT_MANIFEST_BYTES = 117
+#: TensorStore's OCDBT commits, as real saves made them (fidelity/manifests, docs/fidelity.md):
+#: process 0 first commits the arrays' zarr.json entries in a few small files, then every
+#: process flushes its chunks in a few commits, cut by timing, not at the target size; each
+#: commit writes one new file into the process's d/ and rewrites its manifest.ocdbt through
+#: a lock file, fsync and rename. The counts vary from save to save: these are the usual
+METADATA_COMMITS = 3
+METADATA_COMMIT_BYTES = (273, 700)   # the first such file, then each next
+#: where a process's data commits cut its bytes (cumulative shares): process 0's, the others'
+FLUSHES = ((0.08, 0.17), (0.15,))
+DATA_FILE_ALIGN = 4096               # a data file's size is padded to this
+#: a process's manifest.ocdbt lists every version: its bytes after v commits
+MANIFEST_BYTES, MANIFEST_VERSION_BYTES = 94, 42
+LOCK_SUFFIX = ".__lock"
+#: the 0-d arrays of MaxText's state (the step, Adam's and the schedule's counts): inline
+SCALARS = ("step", "opt_state.0.count", "opt_state.2.count")
+#: commit_success.txt: Orbax writes it on every storage, naming the folder it commits
+COMMIT_TEXT = "Checkpoint commit was successful to {}"
+#: fixed nanosecond times in _CHECKPOINT_METADATA (a real one holds two 19-digit times)
+TIMESTAMP_NS = 1_800_000_000_000_000_000
 #: stored / raw bytes of a chunk after zstd level 3 (TensorStore's default level), measured
 #: on generated tensors by bench/zstd_ratio.py (docs/layouts.md): trained fp32 weights, Adam's
 #: first moments and second moments, and bf16 weights
@@ -123,140 +149,192 @@ class Chunk:
 
 @dataclass(frozen=True)
 class Mesh:
-    """Processes (ranks) as MaxText's mesh places them: FSDP within a slice, slices replicas."""
+    """Devices as MaxText's mesh places them (FSDP within a slice, slices replicas),
+    `per_process` of them driven by each process (rank), in device order."""
     fsdp: int
     replicas: int
+    per_process: int = 1
 
-    def position(self, rank: int) -> tuple[int, int]:
-        """(replica, fsdp rank) of a process."""
-        return rank // self.fsdp, rank % self.fsdp
+    @property
+    def devices(self) -> int:
+        return self.fsdp * self.replicas
+
+    def position(self, device: int) -> tuple[int, int]:
+        """(replica, fsdp rank) of a device."""
+        return device // self.fsdp, device % self.fsdp
+
+    def of_process(self, rank: int) -> range:
+        return range(rank * self.per_process, (rank + 1) * self.per_process)
 
 
 def _mesh(p: Parallelism, world: int) -> Mesh:
-    return Mesh(world // p.replicas, p.replicas)
+    return Mesh(world * p.devices // p.replicas, p.replicas, p.devices)
 
 
-def _shard_split(leaf: Leaf, shards: int, copies: int) -> tuple[int, int]:
+def _shard_split(leaf: Leaf, shards: int, copies: int, replica_parallel: bool) -> tuple[int, int]:
     """(pieces a shard is saved in, elements of each): the replica-parallel save slices a
-    shard R ways along its first axis that R divides; otherwise replica 0 writes it whole."""
+    shard R ways along its first axis that R divides; otherwise (or with it off, as on
+    GPUs) replica 0 writes it whole."""
     shape = list(leaf.shape)
     if leaf.axis is not None:
         shape[leaf.axis] //= shards
     elements = leaf.elements // shards
-    if copies > 1 and any(d % copies == 0 for d in shape):
+    if replica_parallel and copies > 1 and any(d % copies == 0 for d in shape):
         return copies, elements // copies
     return 1, elements
 
 
 @lru_cache(maxsize=8192)
 def process_chunks(m: ModelShape, p: Parallelism, world: int, rank: int) -> tuple[Chunk, ...]:
-    """The chunks process `rank` writes, in the order it appends them."""
+    """The chunks process `rank` writes (its devices' shards), in the order it appends them."""
     mesh = _mesh(p, world)
-    replica, fsdp_rank = mesh.position(rank)
     out = []
     for i, leaf in enumerate(leaves(m)):
-        shards = mesh.fsdp if leaf.axis is not None else 1
-        shard = fsdp_rank if leaf.axis is not None else 0
-        copies = world // shards
-        copy = replica if leaf.axis is not None else rank
-        pieces, elements = _shard_split(leaf, shards, copies)
-        if pieces == 1 and copy:
-            continue  # replica 0's copy is the one written
-        stored = stored_bytes(leaf, elements)
-        out.append(Chunk(i, shard, copy if pieces > 1 else 0, stored if stored > INLINE_BYTES else 0, elements))
+        for device in mesh.of_process(rank):
+            replica, fsdp_rank = mesh.position(device)
+            shards = mesh.fsdp if leaf.axis is not None else 1
+            shard = fsdp_rank if leaf.axis is not None else 0
+            copies = mesh.devices // shards
+            copy = replica if leaf.axis is not None else device
+            pieces, elements = _shard_split(leaf, shards, copies, p.replica_parallel)
+            if pieces == 1 and copy:
+                continue  # replica 0's copy is the one written
+            stored = stored_bytes(leaf, elements)
+            out.append(Chunk(i, shard, copy if pieces > 1 else 0, stored if stored > INLINE_BYTES else 0, elements))
+    return tuple(out)
+
+
+@lru_cache(maxsize=8192)
+def _commits(m: ModelShape, p: Parallelism, world: int, rank: int) -> tuple[tuple[int, tuple[Chunk, ...]], ...]:
+    """Process `rank`'s OCDBT commits, in order: (size of the file each writes, the
+    stored chunks in it). Process 0 first commits the arrays' zarr.json entries in
+    METADATA_COMMITS small files; then every process flushes its chunks in a
+    file a commit, cut at its FLUSHES shares of its bytes (and at the target
+    size), each ending with its B-tree node so far, padded to DATA_FILE_ALIGN."""
+    out: list[tuple[int, tuple[Chunk, ...]]] = []
+    if rank == 0:
+        out += [(METADATA_COMMIT_BYTES[min(k, 1)], ()) for k in range(METADATA_COMMITS)]
+    chunks = process_chunks(m, p, world, rank)
+    total = sum(c.stored for c in chunks)
+    cuts = [share * total for share in FLUSHES[min(rank, 1)]]
+    files: list[list[Chunk]] = [[]]
+    size = done = 0
+    for c in chunks:
+        if c.stored and files[-1] and (size >= TARGET_DATA_FILE_BYTES or (cuts and done >= cuts[0])):
+            files.append([])
+            size = 0
+            cuts = [x for x in cuts if x > done]
+        files[-1].append(c)
+        size, done = size + c.stored, done + c.stored
+    entries = 0
+    for f in files:
+        entries += len(f)
+        raw = sum(c.stored for c in f) + btree_bytes(process_chunks(m, p, world, rank)[:entries], leaves(m))
+        out.append((-(-raw // DATA_FILE_ALIGN) * DATA_FILE_ALIGN, tuple(c for c in f if c.stored)))
     return tuple(out)
 
 
 @lru_cache(maxsize=8192)
 def data_files(m: ModelShape, p: Parallelism, world: int, rank: int) -> tuple[tuple[str, int], ...]:
-    """(name, size) of process `rank`'s data files: its chunks appended in order, a new
-    file once one reaches the target; its B-tree (an entry a chunk, inline values
-    in it) appended to the last."""
-    files: list[list[int]] = [[]]
-    for c in process_chunks(m, p, world, rank):
-        if c.stored:
-            if sum(files[-1]) >= TARGET_DATA_FILE_BYTES:
-                files.append([])
-            files[-1].append(c.stored)
-    sizes = [sum(f) for f in files]
-    sizes[-1] += btree_bytes(process_chunks(m, p, world, rank), leaves(m))
+    """(name, size) of process `rank`'s data files, one a commit, in writing order."""
     base = f"{ITEM}/ocdbt.process_{rank}/d/"
-    return tuple((base + data_file_name(rank, k), n) for k, n in enumerate(sizes))
+    return tuple((base + data_file_name(rank, k), size) for k, (size, _) in enumerate(_commits(m, p, world, rank)))
+
+
+def process_manifest_bytes(version: int) -> int:
+    """A process's manifest.ocdbt after `version` commits (it lists every version)."""
+    return MANIFEST_BYTES + MANIFEST_VERSION_BYTES * version
 
 
 def btree_bytes(chunks: Iterable[Chunk], all_leaves: tuple[Leaf, ...]) -> int:
-    """A process's B-tree: an entry a chunk, with its value inline when it is small."""
-    return sum(BTREE_ENTRY_BYTES + (0 if c.stored else c.elements * all_leaves[c.leaf].itemsize) for c in chunks)
+    """A B-tree of these chunks: an entry a chunk, with its value inline when it is small."""
+    chunks = tuple(chunks)
+    inline = sum(c.elements * all_leaves[c.leaf].itemsize for c in chunks if not c.stored)
+    return BTREE_ENTRY_BYTES * len(chunks) + math.ceil(BTREE_INLINE_SHARE * inline)
 
 
 def chunk_places(m: ModelShape, p: Parallelism, world: int, rank: int) -> dict[tuple[int, int, int], tuple[str, int, int]]:
     """(leaf, shard, piece) -> (data file, offset, stored bytes) of process `rank`'s stored chunks."""
     out = {}
-    names = [name for name, _ in data_files(m, p, world, rank)]
-    k, used = 0, 0
-    for c in process_chunks(m, p, world, rank):
-        if not c.stored:
-            continue
-        if used >= TARGET_DATA_FILE_BYTES:
-            k, used = k + 1, 0
-        out[(c.leaf, c.shard, c.piece)] = (names[k], used, c.stored)
-        used += c.stored
+    for (name, _), (_, chunks) in zip(data_files(m, p, world, rank), _commits(m, p, world, rank)):
+        used = 0
+        for c in chunks:
+            out[(c.leaf, c.shard, c.piece)] = (name, used, c.stored)
+            used += c.stored
     return out
 
 
-def _json(value: object) -> bytes:
-    return json.dumps(value, indent=2, sort_keys=True).encode()
-
-
 def checkpoint_metadata() -> bytes:
-    """_CHECKPOINT_METADATA: the step's item handlers and times (CheckpointManager)."""
-    return _json({"item_handlers": {ITEM: "orbax.checkpoint._src.handlers.pytree_checkpoint_handler."
-                                          "PyTreeCheckpointHandler"},
-                  "metrics": {}, "performance_metrics": {}, "init_timestamp_nsecs": 0,
-                  "commit_timestamp_nsecs": 0, "custom_metadata": {"scan_layers": True}})
+    """_CHECKPOINT_METADATA: the step's item handlers and times (CheckpointManager),
+    written when the save starts and again at its commit."""
+    return json.dumps({"item_handlers": {ITEM: "orbax.checkpoint._src.handlers.pytree_checkpoint_handler."
+                                               "PyTreeCheckpointHandler"},
+                       "metrics": {}, "performance_metrics": {}, "init_timestamp_nsecs": TIMESTAMP_NS,
+                       "commit_timestamp_nsecs": TIMESTAMP_NS, "custom_metadata": {}}).encode()
 
 
-def item_metadata(m: ModelShape) -> bytes:
-    """items/_METADATA: the tree's leaves and how they were written."""
-    tree = {leaf.name: {"key_metadata": [{"key": k, "key_type": 2} for k in leaf.name.split(".")],
-                        "value_metadata": {"value_type": "jax.Array", "skip_deserialize": False,
-                                           "write_shape": list(leaf.shape)}} for leaf in leaves(m)}
-    tree["step"] = {"key_metadata": [{"key": "step", "key_type": 2}],
-                    "value_metadata": {"value_type": "scalar", "skip_deserialize": False}}
-    return _json({"tree_metadata": tree, "use_ocdbt": True, "use_zarr3": True,
-                  "store_array_data_equal_to_fill_value": True, "custom_metadata": None})
+def write_shape(leaf: Leaf, mesh: Mesh) -> list[int]:
+    """A leaf's shard on one device (what _METADATA and array_metadatas record)."""
+    shape = list(leaf.shape)
+    if leaf.axis is not None:
+        shape[leaf.axis] //= mesh.fsdp
+    return shape
 
 
-def sharding(m: ModelShape, world: int) -> bytes:
-    """items/_sharding: each leaf's NamedSharding, every device of the mesh listed."""
-    devices = list(range(world))
+def _arrays(m: ModelShape, p: Parallelism, world: int) -> list[tuple[str, list[int]]]:
+    """(keypath, write shape) of every array of the state, the scalars first."""
+    mesh = _mesh(p, world)
+    return [(name, []) for name in SCALARS] + [(leaf.name, write_shape(leaf, mesh)) for leaf in leaves(m)]
+
+
+def _keys(name: str) -> list[dict]:
+    return [{"key": k, "key_type": 1 if k.isdigit() else 2} for k in name.split(".")]
+
+
+def item_metadata(m: ModelShape, p: Parallelism, world: int) -> bytes:
+    """items/_METADATA: the tree's leaves (keyed by their keypath tuples) and how they were written."""
+    tree = {str(tuple(name.split("."))): {"key_metadata": _keys(name), "value_metadata": {
+        "value_type": "jax.Array", "skip_deserialize": False, "write_shape": shape}} for name, shape in _arrays(m, p, world)}
+    tree["('opt_state', '1')"] = {"key_metadata": _keys("opt_state.1"),
+                                  "value_metadata": {"value_type": "None", "skip_deserialize": True}}
+    return json.dumps({"tree_metadata": tree, "use_ocdbt": True, "use_zarr3": True,
+                       "store_array_data_equal_to_fill_value": True, "custom_metadata": None}).encode()
+
+
+def sharding(m: ModelShape, p: Parallelism, world: int) -> bytes:
+    """items/_sharding: each array's NamedSharding, every device of the mesh listed."""
+    mesh = _mesh(p, world)
+    devices = [{"id": d} for d in range(mesh.devices)]
     out = {}
-    for leaf in leaves(m):
-        spec = [None] * len(leaf.shape)
-        if leaf.axis is not None:
+    for name, shape in _arrays(m, p, world):
+        leaf = next((x for x in leaves(m) if x.name == name), None)
+        spec = [None] * len(shape)
+        if leaf is not None and leaf.axis is not None:
             spec[leaf.axis] = "fsdp"
-        key = base64.urlsafe_b64encode(leaf.name.encode()).decode()
-        out[key] = json.dumps({"sharding_type": "NamedSharding", "shape": [world], "axis_names": ["fsdp"],
-                               "partition_spec": spec, "device_mesh": {"mesh": devices}})
-    return _json(out)
+        key = base64.urlsafe_b64encode(name.encode()).decode()
+        out[key] = json.dumps({"sharding_type": "NamedSharding", "shape": [mesh.devices], "axis_names": ["fsdp"],
+                               "axis_types": ["AxisType.Auto"], "partition_spec": spec, "device_mesh": {"mesh": devices}})
+    return json.dumps(out, separators=(",", ":")).encode()
 
 
-def array_metadatas(m: ModelShape, p: Parallelism, world: int, rank: int) -> bytes:
-    """items/array_metadatas/process_{rank}: the write and chunk shape of each leaf it wrote."""
-    all_leaves = leaves(m)
-    return _json({"array_metadatas": [{"array_metadata": {"param_name": all_leaves[c.leaf].name,
-                                                          "elements": c.elements, "ext_metadata": {}}}
-                                      for c in process_chunks(m, p, world, rank)]})
+def array_metadatas(m: ModelShape, p: Parallelism, world: int) -> bytes:
+    """items/array_metadatas/process_{i}: every array's write and chunk shape (each process lists all)."""
+    return json.dumps({"array_metadatas": [{"array_metadata": {"param_name": name, "write_shape": shape,
+                                                               "chunk_shape": shape, "ext_metadata": None}}
+                                           for name, shape in _arrays(m, p, world)]}).encode()
 
 
-def _text(name: str, content: bytes) -> ShardFile:
-    return ShardFile(name, len(content), "metadata", content)
+def _text(name: str, content: bytes, tmp_suffix: str = "") -> ShardFile:
+    return ShardFile(name, len(content), "metadata", content, tmp_suffix)
 
 
 class Orbax(Layout):
     name = "orbax"
     committed = True
     has_replicas = True
+    has_devices = True
+    durability = ("TensorStore fsyncs each data file, the manifest's lock file and their folders at every "
+                  "commit; the JSON metadata and commit_success.txt are not fsynced; two folder renames")
     framework = "Orbax (OCDBT, zarr3 + zstd; MaxText)"
 
     def checkpoint_dir(self, step: int, epoch: int = 1) -> str:
@@ -264,6 +342,9 @@ class Orbax(Layout):
 
     def staging_dir(self, step: int, epoch: int = 1) -> Optional[str]:
         return f"{step}{TMP_SUFFIX}"
+
+    def item_staging(self) -> Optional[tuple[str, str]]:
+        return ITEM, f"{ITEM}{TMP_SUFFIX}"
 
     def subdirs(self, m: ModelShape, p: Parallelism, world: int) -> list[str]:
         return [ITEM, f"{ITEM}/d", f"{ITEM}/array_metadatas"] + [
@@ -277,32 +358,50 @@ class Orbax(Layout):
                               "all devices: FSDP; checkpoint.replicas sets the replicas)")
         if p.mode != "default":
             raise ConfigError("checkpoint.mode", p.mode, "default with checkpoint.layout orbax")
-        if comm_size % p.replicas:
+        devices = comm_size * p.devices
+        if devices % p.replicas:
             raise ConfigError("MPI world size", comm_size,
-                              f"a multiple of checkpoint.replicas = {p.replicas}")
-        fsdp = comm_size // p.replicas
+                              f"a world whose devices ({p.devices} a rank) are a multiple of checkpoint.replicas "
+                              f"= {p.replicas}")
+        fsdp = devices // p.replicas
         if m.hidden_size % fsdp:
             raise ConfigError("MPI world size", comm_size,
-                              f"a world whose FSDP degree ({fsdp}) divides hidden_size {m.hidden_size} (every "
-                              "array is sharded on its embed axis)")
+                              f"a world whose FSDP degree ({fsdp}: {p.devices} devices a rank) divides hidden_size "
+                              f"{m.hidden_size} (every array is sharded on its embed axis)")
 
     def plan_rank(self, m: ModelShape, p: Parallelism, world: int, rank: int) -> RankPlan:
-        replica, fsdp_rank = _mesh(p, world).position(rank)
-        files = [ShardFile(name, size, "state") for name, size in data_files(m, p, world, rank)]
-        files += [ShardFile(f"{ITEM}/ocdbt.process_{rank}/manifest.ocdbt", PROCESS_MANIFEST_BYTES, "metadata"),
-                  _text(f"{ITEM}/array_metadatas/process_{rank}", array_metadatas(m, p, world, rank))]
+        """Process `rank`'s save: (process 0) _CHECKPOINT_METADATA at the start; each
+        OCDBT commit's data file and its manifest rewritten; the array metadata;
+        (process 0) _sharding. Process 0 commits once every process is done: the
+        merged B-tree and manifest, _METADATA and the item's commit_success.txt, the
+        item renamed, then the step's _CHECKPOINT_METADATA and commit_success.txt,
+        the step renamed."""
+        mesh = _mesh(p, world)
+        replica, fsdp_rank = mesh.position(mesh.of_process(rank)[0])
+        manifest = f"{ITEM}/ocdbt.process_{rank}/manifest.ocdbt"
+        files = [_text("_CHECKPOINT_METADATA", checkpoint_metadata())] if rank == 0 else []
+        for version, ((name, size), (_, chunks)) in enumerate(zip(data_files(m, p, world, rank),
+                                                                   _commits(m, p, world, rank)), start=1):
+            files += [ShardFile(name, size, "state" if chunks else "metadata"),
+                      ShardFile(manifest, process_manifest_bytes(version), "metadata", tmp_suffix=LOCK_SUFFIX)]
+        files.append(_text(f"{ITEM}/array_metadatas/process_{rank}", array_metadatas(m, p, world)))
         commit: tuple[ShardFile, ...] = ()
         if rank == 0:
-            files.append(_text(f"{ITEM}/_sharding", sharding(m, world)))
-            merged = sum(len(process_chunks(m, p, world, r)) for r in range(world)) * BTREE_ENTRY_BYTES
-            done = b"Checkpoint commit was successful\n"
-            commit = (ShardFile(f"{ITEM}/manifest.ocdbt", ROOT_MANIFEST_BYTES, "metadata"),
-                      ShardFile(f"{ITEM}/d/{data_file_name(-1, 0)}", merged, "metadata"),
-                      _text(f"{ITEM}/_METADATA", item_metadata(m)),
-                      _text(f"{ITEM}/commit_success.txt", done),
+            files.append(_text(f"{ITEM}/_sharding", sharding(m, p, world), LOCK_SUFFIX))
+            merged = sum(btree_bytes(process_chunks(m, p, world, r), leaves(m)) for r in range(world))
+            commit = (ShardFile(f"{ITEM}/d/{data_file_name(-1, 0)}", merged, "metadata"),
+                      ShardFile(f"{ITEM}/manifest.ocdbt", ROOT_MANIFEST_BYTES, "metadata", tmp_suffix=LOCK_SUFFIX),
+                      _text(f"{ITEM}/_METADATA", item_metadata(m, p, world)),
+                      _text(f"{ITEM}/commit_success.txt", COMMIT_TEXT.format(f"{ITEM}").encode()),
                       _text("_CHECKPOINT_METADATA", checkpoint_metadata()),
-                      _text("commit_success.txt", done))
+                      _text("commit_success.txt", COMMIT_TEXT.format(".").encode()))
         return RankPlan(rank, replica, 0, 0, fsdp_rank, tuple(files), commit)
+
+    def facts(self, m: ModelShape, p: Parallelism, world: int) -> list[str]:
+        files = [len(data_files(m, p, world, r)) for r in range(world)]
+        return [f"processes: {world}, {p.devices} device(s) each, one ocdbt.process_{{i}} a process; "
+                f"{min(files)}-{max(files)} data files a process (one an OCDBT commit); replica-parallel save "
+                f"{'on' if p.replica_parallel else 'off (platform gpu)'}"]
 
     # -- loads ----------------------------------------------------------------
     def metadata_reads(self, m: ModelShape, p: Parallelism, job: LoadJob) -> list[ReadRange]:
@@ -325,7 +424,9 @@ class Orbax(Layout):
             return range(job.ranks)
         per_new, per_old = leaf.shape[leaf.axis] // mesh.fsdp, leaf.shape[leaf.axis] // saved.fsdp
         fsdp = range(shard * per_old // per_new, ((shard + 1) * per_old - 1) // per_new + 1)
-        return [replica * mesh.fsdp + f for replica in range(mesh.replicas) for f in fsdp]
+        # the processes driving those devices, in order
+        return list(dict.fromkeys((replica * mesh.fsdp + f) // mesh.per_process
+                                  for replica in range(mesh.replicas) for f in fsdp))
 
     def range_readers(self, m: ModelShape, p: Parallelism, job: LoadJob, r: ReadRange,
                       rank: int = 0) -> tuple[int, ...]:
@@ -358,16 +459,16 @@ def _restore_reads(layout: Orbax, m: ModelShape, p: Parallelism, job: LoadJob,
     replicated leaf), each read whole (a compressed chunk is decoded whole), in the
     order the leaves are restored; chunks inline in the B-tree come with it."""
     mesh, saved = _mesh(p, job.ranks), _mesh(p, job.saved_ranks)
-    _, fsdp_rank = mesh.position(rank)
+    fsdp_ranks = sorted({mesh.position(d)[1] for d in mesh.of_process(rank)})
     places = _all_places(m, p, job.saved_ranks)
     out = []
     for i, leaf in enumerate(leaves(m)):
         if leaf.axis is None:
             shards = [0]
-        else:
+        else:  # the saved shards overlapping any of its devices' shards
             per_new, per_old = leaf.shape[leaf.axis] // mesh.fsdp, leaf.shape[leaf.axis] // saved.fsdp
-            lo, hi = fsdp_rank * per_new, (fsdp_rank + 1) * per_new
-            shards = list(range(lo // per_old, (hi - 1) // per_old + 1))
+            shards = list(dict.fromkeys(s for f in fsdp_ranks
+                                        for s in range(f * per_new // per_old, ((f + 1) * per_new - 1) // per_old + 1)))
         for shard in shards:
             for (writer, name, offset, size) in places.get((i, shard), ()):
                 out.append(ReadRange(name, offset, size, writer, _file_sizes(m, p, job.saved_ranks)[name]))

@@ -9,6 +9,7 @@ requests) or fastsafetensors (a replica's ranks split the shards and
 broadcast them); docs/model-loads.md has the sources."""
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from typing import Optional
 
@@ -22,6 +23,34 @@ from dlio_ckpt_ext.plan import ModelShape, Parallelism, RankPlan, ShardFile
 #: mmap: each rank its slices), runai-model-streamer (whole shards), fastsafetensors
 #: (a replica's ranks split the shards, read whole files, broadcast)
 PATTERNS = ("safetensors", "runai", "fastsafetensors")
+
+
+#: safetensors 0.8 writes a shard into a temporary file beside it, then renames it
+SHARD_TMP = ".tmp"
+#: config.json's dtype for a safetensors dtype
+TORCH_DTYPES = {"F16": "float16", "BF16": "bfloat16", "F32": "float32", "F64": "float64", "I8": "int8", "U8": "uint8"}
+#: the transformers release whose config files model_configs writes
+TRANSFORMERS_VERSION = "5.25.0"
+
+
+def model_configs(m: ModelShape) -> tuple[tuple[str, bytes], ...]:
+    """config.json and generation_config.json as save_pretrained writes a
+    LlamaForCausalLM's (transformers 5.25.0): what a loader reads before the weights."""
+    def text(d: dict) -> bytes:
+        return (json.dumps(d, indent=2, sort_keys=True) + "\n").encode()
+    config = {"architectures": ["LlamaForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+              "bos_token_id": 1, "dtype": TORCH_DTYPES[safetensors_plan.DTYPES[m.model_datatype]],
+              "eos_token_id": 2, "head_dim": m.hidden_size // m.num_attention_heads, "hidden_act": "silu",
+              "hidden_size": m.hidden_size, "initializer_range": 0.02, "intermediate_size": m.ffn_hidden_size,
+              "max_position_embeddings": 2048, "mlp_bias": False, "model_type": "llama",
+              "num_attention_heads": m.num_attention_heads, "num_hidden_layers": m.num_layers,
+              "num_key_value_heads": m.num_kv_heads, "pad_token_id": None, "pretraining_tp": 1,
+              "rms_norm_eps": 1e-06, "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"},
+              "tie_word_embeddings": False, "transformers_version": TRANSFORMERS_VERSION, "use_cache": True,
+              "vocab_size": m.vocab_size}
+    generation = {"_from_model_config": True, "bos_token_id": 1, "eos_token_id": 2, "output_attentions": False,
+                  "output_hidden_states": False, "transformers_version": TRANSFORMERS_VERSION, "use_cache": True}
+    return ("config.json", text(config)), ("generation_config.json", text(generation))
 
 
 def published_shards(m: ModelShape, p: Parallelism) -> tuple[safetensors_plan.Shard, ...]:
@@ -184,6 +213,7 @@ class Safetensors(Layout):
     patterns = PATTERNS
     pattern_key = "model_load.pattern"
     framework = "Hugging Face safetensors"
+    durability = "no fsync: each shard written to a temporary file and renamed, the index written in place"
 
     def checkpoint_dir(self, step: int, epoch: int = 1) -> str:
         return f"publish-{step}"
@@ -199,11 +229,15 @@ class Safetensors(Layout):
             raise ConfigError("checkpoint.mode", p.mode, "default with checkpoint.layout safetensors")
 
     def plan_rank(self, m: ModelShape, p: Parallelism, world: int, rank: int) -> RankPlan:
-        """The publish: shard j written by rank j % ranks, the index by rank 0
-        once every shard is there."""
+        """The publish: rank 0's config.json and generation_config.json first,
+        shard j written by rank j % ranks (each as a temporary file renamed to
+        its name, as safetensors writes it), the index by rank 0 once every
+        shard is there."""
         shards = published_shards(m, p)
-        files = tuple(ShardFile(s.name, s.size, "weights", s.prefix) for j, s in enumerate(shards)
-                      if j % world == rank)
+        configs = tuple(ShardFile(name, len(text), "metadata", text) for name, text in model_configs(m)) \
+            if rank == 0 else ()
+        files = configs + tuple(ShardFile(s.name, s.size, "weights", s.prefix, tmp_suffix=SHARD_TMP)
+                                for j, s in enumerate(shards) if j % world == rank)
         commit = ()
         if rank == 0 and len(shards) > 1:
             text = safetensors_plan.index(shards)

@@ -14,7 +14,8 @@ GiB = 1 << 30
 def plan_summary(cfg: RunConfig, ranks: int) -> dict:
     """The load plan's counts for this config at `ranks` ranks (Layout.summary)."""
     job = cfg.load_job(ranks)
-    return cfg.layout.summary(cfg.shape, cfg.parallelism, job, cfg.read_size, cfg.checkpoint.share)
+    return {**cfg.layout.summary(cfg.shape, cfg.parallelism, job, cfg.read_size, cfg.checkpoint.share),
+            "layout_facts": cfg.layout.facts(cfg.shape, cfg.parallelism, job.saved_ranks)}
 
 
 def _rank_classes(per_rank: list[dict]) -> list[tuple[list[int], dict]]:
@@ -45,6 +46,7 @@ def plan_lines(s: dict, storage_type: str = "") -> list[str]:
     lines = [f"{what}, {s['ranks']} ranks, {saved}",
              f"  checkpoint           {s['checkpoint_bytes']} bytes ({gib(s['checkpoint_bytes'])}) in "
              f"{s['checkpoint_files']} files",
+             *(f"  layout               {fact}" for fact in s.get("layout_facts", ())),
              f"  bytes read           {s['bytes_read']} ({gib(s['bytes_read'])}), "
              f"{s['amplification']:.3f}x the checkpoint",
              f"  from storage         {s['storage_bytes']} ({gib(s['storage_bytes'])}), "

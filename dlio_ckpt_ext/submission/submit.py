@@ -77,8 +77,10 @@ def written(cfg: RunConfig) -> dict:
     return {**{f"model.{k}": v for k, v in flatten(sections["model"]).items() if k not in ("name",)},
             "checkpoint.mode": cfg.checkpoint.mode,
             "checkpoint.layout": cfg.checkpoint.layout,
+            "checkpoint.deepspeed_files": cfg.checkpoint.deepspeed_files,
             "streaming.dedup_ratio": cfg.streaming.dedup_ratio,
-            "streaming.compress_ratio": cfg.streaming.compress_ratio}
+            "streaming.compress_ratio": cfg.streaming.compress_ratio,
+            "streaming.content": cfg.streaming.content}
 
 
 def same_as_preset(sub: Submission, cfg: RunConfig) -> list[str]:
