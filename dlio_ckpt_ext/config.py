@@ -568,7 +568,7 @@ def _deepspeed_files(c: CheckpointConfig, layout: Layout) -> bool:
     if c.deepspeed_files != "dlio" and not layout.has_framework_files:
         raise ConfigError("workload.checkpoint.deepspeed_files", c.deepspeed_files,
                           f"dlio with checkpoint.layout {layout.name} (it chooses the deepspeed layout's files)")
-    return c.deepspeed_files == "deepspeed"
+    return c.deepspeed_files != DEEPSPEED_FILES[0]  # DeepSpeed's own
 
 
 def _check_model_load(s: WorkloadSections, layout: Layout, read_size: int) -> int:

@@ -38,6 +38,12 @@ deepspeed-zero1-w4      save_deepspeed.py  --world 4 --stage 1
 deepspeed-zero3-w1      save_deepspeed.py  --world 1 --stage 3
 deepspeed-zero3-w2      save_deepspeed.py  --world 2 --stage 3
 deepspeed-zero3-w4      save_deepspeed.py  --world 4 --stage 3
+megatron-dp-w1          save_megatron.py   --world 1
+megatron-dp-w2          save_megatron.py   --world 2
+megatron-dp-w4          save_megatron.py   --world 4
+megatron-tp2-w2         save_megatron.py   --world 2 --tp 2
+megatron-tp2-w4         save_megatron.py   --world 4 --tp 2
+megatron-dp-buckets-w2  save_megatron.py   --world 2 --overlap-grad-reduce
 orbax-d1-w1             save_orbax.py      --world 1 --devices-per-process 1
 orbax-d1-w2             save_orbax.py      --world 2 --devices-per-process 1
 orbax-d1-w4             save_orbax.py      --world 4 --devices-per-process 1

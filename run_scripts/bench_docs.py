@@ -31,6 +31,7 @@ BENCHES = {
     "model_load_bench": "model loads: each pattern against the real loader it emulates",
     "layout_bench": "layouts: Megatron-LM's and Orbax's save and load against raw I/O",
     "zstd_ratio": "zstd on checkpoint tensors: what Orbax stores",
+    "content_bench": "streaming.content=tensors against incompressible bytes: generation speed and what zstd and lz4 keep",
     "tier_bench": "two tiers: the persistent save's cost to the foreground, at normal and idle priority",
     "training_bench": "DLIO's training loop without checkpoints and with sync, async and tiered saves: AU and step time",
     "trace_bench": "tracing cost",
