@@ -4,7 +4,8 @@ strace (fidelity/ours.py), then both are compared file for file: names, sizes
 (within 1 % or 4 KiB), renames, fsyncs, and data files per folder where the
 names are hashes (OCDBT's `d/`).
 
-    python fidelity/compare.py [MANIFEST ...]    markdown tables, for docs/fidelity.md
+    python fidelity/compare.py [MANIFEST ...]    markdown tables
+    python fidelity/compare.py --doc docs/fidelity.md   rewrite the page's tables
 
 tests/test_fidelity.py asserts on the same comparison; the differences kept on
 purpose are listed there, each with its reason."""
@@ -158,20 +159,41 @@ def markdown(c: Comparison, kept: list[Kept]) -> str:
     head = (f"#### {m['layout']} `{m['variant']}`: {m['library']} {m['version']}, {m['world_size']} "
             f"process{'es' if m['world_size'] > 1 else ''}\n\n| file | real (B) | ours (B) | |\n|---|---:|---:|---|\n")
     reasons = {d.path: next((k.reason for k in kept if k.covers(d, m["variant"])), "") for d in c.differences()}
-    lines = [f"| `{p}` | {'' if r is None else f'{r:,}'} | {'' if o is None else f'{o:,}'} | "
+
+    def name(path: str) -> str:
+        files = c.hashed.get(os.path.dirname(path)) if HASHED in path else None
+        return f"`{path}` ({files[0]} / {files[1]} files)" if files else f"`{path}`"
+    lines = [f"| {name(p)} | {'' if r is None else f'{r:,}'} | {'' if o is None else f'{o:,}'} | "
              f"{'=' if same else reasons.get(p, 'differs')} |" for p, r, o, same in c.rows]
     ops = ", ".join(f"{k} {r} / {o}" for k, (r, o) in c.operations.items())
     return head + "\n".join(lines) + f"\n\nOperations, real / ours: {ops}.\n"
 
 
+DOC_START = "<!-- fidelity tables: python fidelity/compare.py --doc docs/fidelity.md -->"
+DOC_END = "<!-- end of fidelity tables -->"
+
+
 def main(argv: list[str]) -> int:
     sys.path.insert(0, str(HERE.parent / "tests"))
     from test_fidelity import KEPT, OURS, our_dir  # one table of our settings and kept differences
-    for path in argv or manifests():
+    doc = argv[argv.index("--doc") + 1] if "--doc" in argv else None
+    paths = [a for a in argv if a != "--doc" and a != doc] or manifests()
+    tables: dict[str, list[str]] = {}
+    for path in paths:
         m = load(path)
         with tempfile.TemporaryDirectory() as tmp:
             files, ops = run_ours(m, OURS.get(m["layout"], {}), tmp)
-        print(markdown(compare(m, files, ops, our_dir(m)), KEPT.get(m["layout"], [])))
+        tables.setdefault(m["layout"], []).append(markdown(compare(m, files, ops, our_dir(m)),
+                                                           KEPT.get(m["layout"], [])))
+    if not doc:
+        print("\n".join(t for layout in tables.values() for t in layout))
+        return 0
+    text = Path(doc).read_text()
+    body = "".join(f"\n<details><summary><code>{layout}</code>: {len(t)} saves</summary>\n\n" + "\n".join(t)
+                   + "\n</details>\n" for layout, t in tables.items())
+    head, rest = text.split(DOC_START, 1)
+    Path(doc).write_text(head + DOC_START + "\n" + body + "\n" + DOC_END + rest.split(DOC_END, 1)[1])
+    print(f"wrote the tables of {len(paths)} manifests into {doc}")
     return 0
 
 
