@@ -211,8 +211,10 @@ def test_async_staging_that_does_not_fit_is_refused_before_any_io(workdir):
     run = run_dlio(workdir, 2, PRESET, "++workload.checkpoint.async_mode=async")
     assert run.returncode != 0
     assert "workload.checkpoint.async_mode" in run.stderr and "async staging" in run.stderr
-    staging = 12 * plan.num_parameters(plan.ModelShape(32, 4096, 14336, 128256, 32, 8)) // 2 + 32 * MiB
-    assert f"async staging (the rank's whole checkpoint share) {staging / 2**30:.2f} GiB" in run.stderr
+    shares = dcp_expected(2, [1], 32, 4096, 14336, 128256, 32, 8)  # each rank's .distcp, as torch writes it
+    said = [f"async staging (the rank's whole checkpoint share) {(shares[f'step-1/__{r}_0.distcp'] + 32 * MiB) / 2**30:.2f} GiB"
+            for r in range(2)]
+    assert any(text in run.stderr for text in said), said
     assert "GiB available" in run.stderr
     assert not (workdir / "ckpt").exists() or not any((workdir / "ckpt").rglob("*"))
     assert not re.search(r"^\[METRIC\] Checkpoint", run.output, re.M)

@@ -36,7 +36,10 @@ def test_two_replicas_save_renamed_checkpoints_and_restore_them_from_the_first_r
     for step in ("1", "2"):
         got = {str(p.relative_to(ckpt / step)): p.stat().st_size for p in (ckpt / step).rglob("*") if p.is_file()}
         assert got == want
-    assert (ckpt / "2" / "commit_success.txt").read_text() == "Checkpoint commit was successful\n"
+    # Orbax's text, the folder named relative to the checkpoint folder (the plan knows no absolute path)
+    assert (ckpt / "2" / "commit_success.txt").read_text() == "Checkpoint commit was successful to ."
+    assert (ckpt / "2" / "items" / "commit_success.txt").read_text() == "Checkpoint commit was successful to items"
+    assert len(list((ckpt / "2" / "items").glob("ocdbt.process_*"))) == 4  # a folder a rank of 8 devices
     assert f"[INFO] inventory: {2 * len(want)} files present, {2 * len(want)} expected, sizes match" in run.stdout
     restore = run.record()["restore"]
     plain = summary(4, *REPLICAS, "++workload.checkpoint.restore=framework")

@@ -105,10 +105,12 @@ def test_a_run_of_many_files_and_chunks_a_rank_keeps_its_output_folder_small(wor
 
 
 @pytest.mark.parametrize("preset, tracker_gets, files_a_rank, rank0_files", [
-    # a distcp a rank; rank 0: .metadata, metadata.json and the tracker (read back whole by the inventory)
-    ("megatron_llama3_8b_checkpoint", 1, 1, 3),
-    # a data file, a manifest and an array_metadatas file a process; rank 0: _sharding and the 6 commit files
-    ("maxtext_llama3_8b_checkpoint", 0, 3, 7)])
+    # a distcp a rank; rank 0 also .metadata, metadata.json and the tracker (read back whole by the inventory)
+    ("megatron_llama3_8b_checkpoint", 1, 1, 4),
+    # a process: 2 data files (a commit each), its manifest and its array_metadatas file; process 0: 3
+    # metadata commits' files and 3 data files, manifest, array_metadatas, _CHECKPOINT_METADATA,
+    # _sharding, then the merged B-tree and manifest, _METADATA and the two commit_success.txt
+    ("maxtext_llama3_8b_checkpoint", 0, 4, 15)])
 def test_the_other_frameworks_layouts_cost_each_rank_the_same_requests_at_1_and_4_ranks(
         s3, tmp_path, preset, tracker_gets, files_a_rank, rank0_files):
     counts = {}
@@ -121,7 +123,7 @@ def test_the_other_frameworks_layouts_cost_each_rank_the_same_requests_at_1_and_
         after = s3.request_counts()
         counts[n] = {k: after[k] - before.get(k, 0) for k in after if after[k] != before.get(k, 0)}
         # 2 checkpoints' files: a rank's own, rank 0's extra ones (and the tracker, once)
-        assert run.record()["inventory"]["expected"] == 2 * (n * files_a_rank + rank0_files) - tracker_gets
+        assert run.record()["inventory"]["expected"] == 2 * ((n - 1) * files_a_rank + rank0_files) - tracker_gets
     for n, c in counts.items():
         assert (c.get("GET 200", 0), c.get("HEAD", 0)) == (MARKER_GETS + tracker_gets, 0), (n, c)
         assert c["DELETE"] == n + MARKER_DELETES, (n, c)  # each rank its own files, in one request
