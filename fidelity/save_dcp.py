@@ -13,81 +13,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import sys
 
 import torch
-import torch.nn as nn
-import torch.nn.functional as F
 
-from batch import every_token
+from model import VOCAB, every_token, free_port, llama, shape
 
-#: the test shape (our tests' scaled LLaMA)
-LAYERS, HIDDEN, FFN, VOCAB, HEADS, KV_HEADS = 2, 512, 1792, 8192, 8, 2
 STEP = 1
-
-
-class Attention(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.head_dim = HIDDEN // HEADS
-        self.wq = nn.Linear(HIDDEN, HEADS * self.head_dim, bias=False)
-        self.wk = nn.Linear(HIDDEN, KV_HEADS * self.head_dim, bias=False)
-        self.wv = nn.Linear(HIDDEN, KV_HEADS * self.head_dim, bias=False)
-        self.wo = nn.Linear(HEADS * self.head_dim, HIDDEN, bias=False)
-
-    def forward(self, x):
-        b, s, _ = x.shape
-        q = self.wq(x).view(b, s, HEADS, self.head_dim).transpose(1, 2)
-        k = self.wk(x).view(b, s, KV_HEADS, self.head_dim).transpose(1, 2)
-        v = self.wv(x).view(b, s, KV_HEADS, self.head_dim).transpose(1, 2)
-        rep = HEADS // KV_HEADS
-        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.wo(out.transpose(1, 2).reshape(b, s, -1))
-
-
-class FeedForward(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.w1 = nn.Linear(HIDDEN, FFN, bias=False)
-        self.w2 = nn.Linear(FFN, HIDDEN, bias=False)
-        self.w3 = nn.Linear(HIDDEN, FFN, bias=False)
-
-    def forward(self, x):
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
-
-
-class Block(nn.Module):
-    """torchtitan's TransformerBlock: its submodules in its registration order."""
-
-    def __init__(self):
-        super().__init__()
-        self.attention = Attention()
-        self.feed_forward = FeedForward()
-        self.attention_norm = nn.RMSNorm(HIDDEN)
-        self.ffn_norm = nn.RMSNorm(HIDDEN)
-
-    def forward(self, x):
-        h = x + self.attention(self.attention_norm(x))
-        return h + self.feed_forward(self.ffn_norm(h))
-
-
-class Transformer(nn.Module):
-    """torchtitan's llama3 Transformer's parameters and names (no RoPE: it has no parameters)."""
-
-    def __init__(self):
-        super().__init__()
-        self.tok_embeddings = nn.Embedding(VOCAB, HIDDEN)
-        self.layers = nn.ModuleDict({str(i): Block() for i in range(LAYERS)})
-        self.norm = nn.RMSNorm(HIDDEN)
-        self.output = nn.Linear(HIDDEN, VOCAB, bias=False)
-
-    def forward(self, tokens):
-        h = self.tok_embeddings(tokens)
-        for layer in self.layers.values():
-            h = layer(h)
-        return self.output(self.norm(h))
 
 
 def worker(rank: int, world: int, port: int, root: str) -> None:
@@ -103,7 +35,7 @@ def worker(rank: int, world: int, port: int, root: str) -> None:
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
         torch.manual_seed(0)
-        model = Transformer()
+        model = llama()
         mesh = init_device_mesh("cpu", (world,))
         for block in model.layers.values():
             fully_shard(block, mesh=mesh)
@@ -111,9 +43,7 @@ def worker(rank: int, world: int, port: int, root: str) -> None:
         optimizer = torch.optim.AdamW(model.parameters(), lr=8e-4, weight_decay=0.1)
 
         tokens = every_token(VOCAB, rank)
-        logits = model(tokens[:, :-1])
-        loss = F.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten())
-        loss.backward()
+        model(tokens[:, :-1], tokens[:, 1:]).backward()
         optimizer.step()
         optimizer.zero_grad()
 
@@ -124,12 +54,6 @@ def worker(rank: int, world: int, port: int, root: str) -> None:
         dist.barrier()
     finally:
         dist.destroy_process_group()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def main(argv=None) -> int:
@@ -149,9 +73,7 @@ def main(argv=None) -> int:
                   "get_optimizer_state_dict(m, opt, flatten_optimizer_state_dict=True)}, checkpoint_id=step-1) "
                   "on every rank, default FileSystemWriter (synchronous), after one AdamW step of a "
                   "model with every block and the root wrapped by FSDP2 fully_shard (gloo, CPU, fp32).",
-        "shape": {"num_layers": LAYERS, "hidden_size": HIDDEN, "ffn_hidden_size": FFN, "vocab_size": VOCAB,
-                  "num_attention_heads": HEADS, "num_kv_heads": KV_HEADS,
-                  "model_datatype": "fp32", "optimizer_datatype": "fp32"},
+        "shape": shape("fp32", "fp32"),
         "parallelism": {"tensor": 1, "pipeline": 1, "zero_stage": 3, "devices_per_process": 1,
                         "data": args.world, "fsdp": "fully_shard per block and root"},
         "world_size": args.world, "step": STEP, "checkpoint_dir": f"step-{STEP}",

@@ -12,86 +12,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import sys
 
-SHAPE = {"num_layers": 2, "hidden_size": 512, "ffn_hidden_size": 1792, "vocab_size": 8192,
-         "num_attention_heads": 8, "num_kv_heads": 2}
-SEQ = 16
-
-
-def build_model():
-    """A LLaMA-like decoder of the test shape: untied embedding/output, RMSNorm,
-    grouped-query attention (no rotary embedding: it has no parameters), SwiGLU."""
-    import torch
-    from torch import nn
-
-    h, f, v = SHAPE["hidden_size"], SHAPE["ffn_hidden_size"], SHAPE["vocab_size"]
-    heads, kv = SHAPE["num_attention_heads"], SHAPE["num_kv_heads"]
-    hd = h // heads
-
-    class RMSNorm(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.weight = nn.Parameter(torch.ones(h))
-
-        def forward(self, x):
-            return x * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-5).to(x.dtype) * self.weight
-
-    class Attention(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.wq = nn.Linear(h, h, bias=False)
-            self.wk = nn.Linear(h, kv * hd, bias=False)
-            self.wv = nn.Linear(h, kv * hd, bias=False)
-            self.wo = nn.Linear(h, h, bias=False)
-
-        def forward(self, x):
-            b, s, _ = x.shape
-            q = self.wq(x).view(b, s, heads, hd).transpose(1, 2)
-            k = self.wk(x).view(b, s, kv, hd).transpose(1, 2).repeat_interleave(heads // kv, dim=1)
-            val = self.wv(x).view(b, s, kv, hd).transpose(1, 2).repeat_interleave(heads // kv, dim=1)
-            out = torch.nn.functional.scaled_dot_product_attention(q, k, val, is_causal=True)
-            return self.wo(out.transpose(1, 2).reshape(b, s, h))
-
-    class FeedForward(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.w1 = nn.Linear(h, f, bias=False)  # gate
-            self.w3 = nn.Linear(h, f, bias=False)  # up
-            self.w2 = nn.Linear(f, h, bias=False)  # down
-
-        def forward(self, x):
-            return self.w2(torch.nn.functional.silu(self.w1(x)) * self.w3(x))
-
-    class Block(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.attention_norm = RMSNorm()
-            self.attention = Attention()
-            self.ffn_norm = RMSNorm()
-            self.feed_forward = FeedForward()
-
-        def forward(self, x):
-            x = x + self.attention(self.attention_norm(x))
-            return x + self.feed_forward(self.ffn_norm(x))
-
-    class Llama(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.tok_embeddings = nn.Embedding(v, h)
-            self.layers = nn.ModuleList(Block() for _ in range(SHAPE["num_layers"]))
-            self.norm = RMSNorm()
-            self.output = nn.Linear(h, v, bias=False)
-
-        def forward(self, tokens, labels):
-            x = self.tok_embeddings(tokens)
-            for layer in self.layers:
-                x = layer(x)
-            logits = self.output(self.norm(x)).float()
-            return torch.nn.functional.cross_entropy(logits.reshape(-1, v), labels.reshape(-1))
-
-    return Llama()
+from model import VOCAB, every_token, free_port, llama, shape
 
 
 def ds_config(stage: int) -> dict:
@@ -120,13 +43,12 @@ def worker(rank: int, world: int, port: int, out: str, stage: int) -> None:
     if stage == 3:
         # ZeRO-3 partitions the parameters as they are created
         with deepspeed.zero.Init(config_dict_or_path=config):
-            model = build_model()
+            model = llama()
     else:
-        model = build_model()
+        model = llama()
     n = sum(p.ds_numel if hasattr(p, "ds_numel") else p.numel() for p in model.parameters())
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
-    from batch import every_token
-    tokens = every_token(SHAPE["vocab_size"], rank)
+    tokens = every_token(VOCAB, rank)
     loss = engine(tokens[:, :-1], tokens[:, 1:])
     engine.backward(loss)
     engine.step()
@@ -145,9 +67,9 @@ def write_info(out: str, world: int, stage: int, n: int, engine) -> None:
         "libraries": {"torch": version("torch")},
         "layout": "deepspeed", "variant": f"zero{stage}-bf16-adamw",
         "writer": (f"deepspeed.initialize (DS_ACCELERATOR=cpu, gloo, bf16, ZeRO stage {stage}, AdamW with "
-                   "torch_adam) on a LLaMA-like torch module, one forward/backward/step, then "
+                   "torch_adam) on the harness's LLaMA module (torchtitan's names), one forward/backward/step, then "
                    "engine.save_checkpoint(OUT/ckpt) with DeepSpeed's default tag global_step1."),
-        "shape": {**SHAPE, "model_datatype": "bf16", "optimizer_datatype": "fp32"},
+        "shape": shape("bf16", "fp32"),
         "parallelism": {"tensor": 1, "pipeline": 1, "zero_stage": stage, "devices_per_process": 1,
                         "data": world, "optimizer": type(engine.optimizer).__name__,
                         "parameters": n},
@@ -155,12 +77,6 @@ def write_info(out: str, world: int, stage: int, n: int, engine) -> None:
     }
     with open(os.path.join(out, "info.json"), "w") as f:
         json.dump(info, f, indent=1)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def main(argv=None) -> int:

@@ -15,7 +15,7 @@ import os
 import sys
 
 #: the test shape (our tests' scaled LLaMA)
-LAYERS, HIDDEN, FFN, VOCAB, HEADS, KV_HEADS = 2, 512, 1792, 8192, 8, 2
+from model import FFN, HEADS, HIDDEN, KV_HEADS, LAYERS, VOCAB, shape  # noqa: E402 - the test shape
 CHECKPOINT_DIR = "model"
 
 
@@ -57,9 +57,7 @@ def main(argv=None) -> int:
                   f".to(bfloat16).save_pretrained('model'"
                   + (f", max_shard_size={args.max_shard_size!r}" if kwargs else "")
                   + f") in one process (max_shard_size {requested!r}; transformers 5 always writes safetensors).",
-        "shape": {"num_layers": LAYERS, "hidden_size": HIDDEN, "ffn_hidden_size": FFN, "vocab_size": VOCAB,
-                  "num_attention_heads": HEADS, "num_kv_heads": KV_HEADS,
-                  "model_datatype": "bf16", "optimizer_datatype": None},
+        "shape": shape("bf16", None),
         "parallelism": {"tensor": 1, "pipeline": 1, "zero_stage": 0, "devices_per_process": 1,
                         "max_shard_size": convert_file_size_to_int(requested),
                         "max_shard_size_arg": requested},

@@ -25,7 +25,7 @@ import socket
 import sys
 import warnings
 
-NUM_LAYERS, HIDDEN, FFN, VOCAB, HEADS, KV_HEADS = 2, 512, 1792, 8192, 8, 2
+from model import FFN, HEADS, HIDDEN, KV_HEADS, LAYERS as NUM_LAYERS, VOCAB, shape  # noqa: E402 - the test shape
 ITERATION = 1
 
 HAND_BUILT = [
@@ -235,9 +235,7 @@ def _write_info(opts, args, ddp_config, buckets, num_parameters) -> None:
                   "torch_dist, --use-distributed-optimizer, fully parallel save by default), i.e. "
                   "dist_checkpointing.save with FullyParallelSaveStrategyWrapper(TorchDistSaveShardedStrategy(), "
                   "the data-parallel group), then the tracker file written by rank 0",
-        "shape": {"num_layers": NUM_LAYERS, "hidden_size": HIDDEN, "ffn_hidden_size": FFN, "vocab_size": VOCAB,
-                  "num_attention_heads": HEADS, "num_kv_heads": KV_HEADS,
-                  "model_datatype": "bf16", "optimizer_datatype": "fp32"},
+        "shape": shape("bf16", "fp32"),
         "parallelism": {"tensor": opts.tp, "pipeline": 1, "data": opts.world // opts.tp, "zero_stage": 1,
                         "devices_per_process": 1, "distrib_optim_sharding_type": "dp_reshardable",
                         "ckpt_fully_parallel_save": args.ckpt_fully_parallel_save,

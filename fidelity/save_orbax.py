@@ -32,15 +32,15 @@ import dataclasses
 import importlib.metadata as md
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
 
+from model import free_port, shape  # noqa: E402 - the test shape
+
 STEP = 1
 CHUNK_BYTES = 2 * 1024 ** 3   # MaxText's DEFAULT_OCDBT_TARGET_DATA_FILE_SIZE / checkpoint_storage_target_data_file_size_bytes
-SHAPE = {"num_layers": 2, "hidden_size": 512, "ffn_hidden_size": 1792, "vocab_size": 8192,
-         "num_attention_heads": 8, "num_kv_heads": 2, "model_datatype": "fp32", "optimizer_datatype": "fp32"}
+SHAPE = shape("fp32", "fp32")  # MaxText's weight_dtype float32, Adam's moments fp32
 
 
 def param_specs() -> list[tuple[tuple[str, ...], tuple[int, ...], tuple[str, ...]]]:
@@ -168,12 +168,6 @@ def worker(args) -> None:
 
 
 # --------------------------------------------------------------------------- launcher
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True)

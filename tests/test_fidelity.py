@@ -137,3 +137,26 @@ def test_closed_keeps_dlios_files_and_incompressible_bytes():
                       "unused")
     assert written(cfg)["checkpoint.deepspeed_files"] == "deepspeed" and written(cfg)["streaming.content"] == "tensors"
     assert not cfg.layout.mlperf_closed
+
+
+@pytest.mark.parametrize("layout, framework_says", [
+    ("deepspeed", "DeepSpeed itself: no fsync, no rename"),
+    ("dcp", "torch.distributed.checkpoint itself: each .distcp fsynced, then .metadata.tmp fsynced and renamed"),
+    ("orbax", "TensorStore fsyncs each data file"),
+])
+def test_results_say_what_the_framework_itself_would_wait_for(tmp_path, layout, framework_says):
+    """RESULTS (save) has a durability line: our fsync of every file beside the framework's own."""
+    from dlio_ckpt_ext.checkpoint.checkpointer import Checkpointer
+    from dlio_ckpt_ext.dlio.metrics import results_block
+    m = {"shape": {"num_layers": 2, "hidden_size": 256, "ffn_hidden_size": 512, "vocab_size": 1024,
+                   "num_attention_heads": 4, "num_kv_heads": 2, "model_datatype": "fp32", "optimizer_datatype": "fp32"},
+         "parallelism": {"zero_stage": 1 if layout == "megatron" else 3}, "layout": layout, "world_size": 2}
+    ck = Checkpointer(ours.config({**m, "ours": {}}, str(tmp_path)), 0, 2, 2)
+    said = ck.durability()
+    assert said.startswith("every file fsynced before the save counts (DLIO's and MLPerf's rule); ") and framework_says in said
+    report = {"generation_gib_s_per_rank": 1.0, "fill_s": 1.0, "generation_to_io_ratio": 2.0, "io_gib_s_per_rank": 0.5,
+              "io_s": 2.0, "close_s": 0.1, "pipeline_overhead_pct": 1.0, "bottleneck": "io", "chunks_io_bound": 3,
+              "chunks_fill_bound": 0}
+    assert f"  {'durability':28s} {said}" in results_block("save", report, durability=said)
+    unsynced = ours.config({**m, "ours": {"checkpoint": {"fsync": False}}}, str(tmp_path / "b"))
+    assert Checkpointer(unsynced, 0, 2, 2).durability().startswith("no fsync (checkpoint.fsync=false)")

@@ -7,6 +7,7 @@
   dlio-ckpt-report traces RESULTS_DIR [--out-dir DIR]
   dlio-ckpt-report status RESULTS_DIR [--remove-incomplete]
   dlio-ckpt-report plan --workload W --ranks N [--ranks-per-node R] [--json FILE] [hydra overrides]
+  dlio-ckpt-report goodput RESULTS_DIR [--nodes N ...] [--failures-per-node-day F] [--restart-s S]
 """
 from __future__ import annotations
 
@@ -100,6 +101,13 @@ def _plan(args) -> int:
     return 0
 
 
+def _goodput(args) -> int:
+    from dlio_ckpt_ext.report.goodput_report import goodput_lines
+    print("\n".join(goodput_lines(load_result(args.results).summary, args.nodes, args.failures_per_node_day,
+                                   args.restart_s, args.interval_s, args.local_share)))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="dlio-ckpt-report", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -142,6 +150,19 @@ def main(argv: list[str] | None = None) -> int:
                                                 "++workload.checkpoint.saved_ranks=1024; "
                                                 "++workload.tiers.local_root=/nvme plans a tiered run's saves")
     p.set_defaults(func=_plan)
+    from dlio_ckpt_ext.goodput import LLAMA3_FAILURES_PER_NODE_DAY
+    p = sub.add_parser("goodput", help="the share of a training job's time that is useful work, with this run's "
+                                       "checkpoint figures, at its scale and the scales named; the best interval")
+    p.add_argument("results", help="a run's results directory")
+    p.add_argument("--nodes", type=int, nargs="*", default=[1024, 2048, 16384], help="scales (default 1024 2048 16384)")
+    p.add_argument("--failures-per-node-day", type=float, default=LLAMA3_FAILURES_PER_NODE_DAY,
+                   help="default 3.8e-3: Llama 3's pretraining (419 interruptions, 54 days, 2,048 nodes)")
+    p.add_argument("--restart-s", type=float, default=0.0,
+                   help="a restart's time outside storage: scheduler, start-up, compilation (default 0: unknown)")
+    p.add_argument("--interval-s", type=float, help="the interval between checkpoints (default: the run's)")
+    p.add_argument("--local-share", type=float,
+                   help="tiered runs: the share of failures the local tier recovers (default: 0 and 1, as bounds)")
+    p.set_defaults(func=_goodput)
     args = ap.parse_args(argv)
     try:
         return args.func(args)
