@@ -44,19 +44,24 @@ METADATA_KEY_BYTES = 231
 METADATA_CHUNK_BYTES = 237
 
 
-def replicated_holder(index: int, count: int, world: int) -> int:
-    """The rank whose file holds replicated item `index` of `count`: DCP's deduplication
-    gives each to the smallest plan, which measured at 2 and 4 ranks spreads them evenly
-    over every rank but 0 (rank 0 alone at 1)."""
-    return 0 if world == 1 else 1 + index * (world - 1) // count
+def replicated_held(count: int, world: int, rank: int) -> range:
+    """The replicated items (of `count`) rank's file holds: DCP's deduplication gives
+    each to the smallest plan, which measured at 2 and 4 ranks spreads them evenly,
+    in order, over every rank but 0 (rank 0 alone at 1): item i on rank
+    1 + i (world - 1) // count. O(1)."""
+    if world == 1:
+        return range(count)
+    if rank == 0:
+        return range(0)
+    first = lambda r: -(-(r - 1) * count // (world - 1))  # noqa: E731 - the first item of rank r
+    return range(first(rank), first(rank + 1))
 
 
-def _replicated_on(m: ModelShape, world: int, rank: int) -> tuple[int, int, frozenset]:
+def _replicated_on(m: ModelShape, world: int, rank: int) -> tuple[int, int, range]:
     """(param_groups byte items, step items) rank's file holds, and which parameters' steps."""
     t = len(plan.dcp_tensors(m))
-    groups = sum(1 for j in range(PARAM_GROUP_KEYS * t) if replicated_holder(j, PARAM_GROUP_KEYS * t, world) == rank)
-    steps = frozenset(k for k in range(t) if replicated_holder(k, t, world) == rank)
-    return groups, len(steps), steps
+    steps = replicated_held(t, world, rank)
+    return len(replicated_held(PARAM_GROUP_KEYS * t, world, rank)), len(steps), steps
 
 
 def bytes_per_parameter(m: ModelShape) -> int:

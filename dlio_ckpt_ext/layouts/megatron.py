@@ -25,6 +25,7 @@ fastest, then data-parallel, then pipeline stage.
 """
 from __future__ import annotations
 
+import bisect
 import json
 from dataclasses import dataclass
 from functools import lru_cache
@@ -331,6 +332,30 @@ def _pieces_at(layout: Megatron, m: ModelShape, p: Parallelism, world: int) -> d
 _where = lru_cache(maxsize=64)(_pieces_at)
 
 
+@lru_cache(maxsize=256)
+def _position_parts(m: ModelShape, p: Parallelism, world: int, tp_rank: int, pp_rank: int
+                    ) -> tuple[tuple[Piece, ...], ...]:
+    """A model-parallel position's optimizer parts on each data-parallel rank (element counts)."""
+    grid = _grid(p, world)
+    return _optimizer_parts(parameters(m, grid.tp, grid.pp, tp_rank, pp_rank), grid.dp, 1, bucket_size(p, grid.dp))
+
+
+@lru_cache(maxsize=256)
+def _saved_parts_index(m: ModelShape, p: Parallelism, world: int, tp_rank: int, pp_rank: int
+                       ) -> dict[str, tuple[list[int], list[Piece]]]:
+    """A position's saved optimizer parts by name, each name's in order of their first
+    element (and the firsts apart, to bisect): a rank finds the parts overlapping its
+    own in O(log parts), not by walking every rank's."""
+    by_name: dict[str, list[Piece]] = {}
+    for part in (y for d in _position_parts(m, p, world, tp_rank, pp_rank) for y in d):
+        by_name.setdefault(part.name, []).append(part)
+    out = {}
+    for name, parts in by_name.items():
+        parts.sort(key=lambda y: y.first)
+        out[name] = ([y.first for y in parts], parts)
+    return out
+
+
 @lru_cache(maxsize=8192)
 def _framework_reads(layout: Megatron, m: ModelShape, p: Parallelism, job: LoadJob,
                      rank: int) -> tuple[ReadRange, ...]:
@@ -349,13 +374,14 @@ def _framework_reads(layout: Megatron, m: ModelShape, p: Parallelism, job: LoadJ
     wanted = [(pp_rank, 0 if shared else tp_rank, x.name, x.first) for name, n, shared in params
               for x in _weight_chunks(name, n, 1, shared)]
     # this rank's optimizer range at the loading world size, against the parts saved
-    saved: dict[str, list[Piece]] = {}
-    saved_dp = _grid(p, job.saved_ranks).dp
-    for part in (y for d in _optimizer_parts(params, saved_dp, 1, bucket_size(p, saved_dp)) for y in d):
-        saved.setdefault(part.name, []).append(part)
-    for x in _optimizer_parts(params, grid.dp, 1, bucket_size(p, grid.dp))[dp_rank]:
-        wanted += [(*at(y), y.first) for y in saved[x.name]
-                   if y.first < x.first + x.elements and x.first < y.first + y.elements]
+    saved = _saved_parts_index(m, p, job.saved_ranks, tp_rank, pp_rank)
+    for x in _position_parts(m, p, job.ranks, tp_rank, pp_rank)[dp_rank]:
+        firsts, parts = saved[x.name]
+        i = max(0, bisect.bisect_right(firsts, x.first) - 1)
+        while i < len(parts) and parts[i].first < x.first + x.elements:
+            if x.first < parts[i].first + parts[i].elements:
+                wanted.append((*at(parts[i]), parts[i].first))
+            i += 1
     ranges: tuple[list[ReadRange], list[ReadRange]] = ([], [])
     for key in dict.fromkeys(wanted):
         writer, offset, size = where[key]
