@@ -38,7 +38,8 @@ from remote_bench import BIN, GiB, HERE, mpirun, raw_result  # noqa: E402
 
 def shape(gib_per_rank: float, ranks: int) -> dict:
     """A llama3-shaped model (ZeRO-3) whose shard is about gib_per_rank per rank."""
-    from dlio_ckpt_ext import layouts, plan
+    from dlio_ckpt_ext import layouts
+    from dlio_ckpt_ext.shared_plans import plan
     hidden = 512
     while True:
         m = plan.ModelShape(2, hidden, hidden * 7 // 2, 32000, 8, 2, "fp16", "fp32")

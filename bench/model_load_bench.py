@@ -108,7 +108,7 @@ def drop_cache(paths: list[str]) -> None:
 def safetensors_library(args, folder: Path, shards: list[str]):
     """vLLM's default: every shard mapped, each tensor's slice of tensor-parallel rank 0 taken."""
     from safetensors import safe_open
-    from dlio_ckpt_ext import safetensors_plan
+    from dlio_ckpt_ext.shared_plans import safetensors_plan
     split = {t.name: t.split for t in safetensors_plan.hf_tensors(args.layers, args.hidden, args.hidden * 7 // 2,
                                                                     128256, 32, 8)}
     paths = [str(folder / s) for s in shards]

@@ -62,7 +62,8 @@ def shape_overrides(args) -> list[str]:
 
 
 def rank_sizes(args, ranks: int) -> list[int]:
-    from dlio_ckpt_ext import layouts, plan
+    from dlio_ckpt_ext import layouts
+    from dlio_ckpt_ext.shared_plans import plan
     m = plan.ModelShape(args.layers, args.hidden, args.hidden * 7 // 2, args.vocab, 8, 2, "fp16", "fp32")
     return [f.size for f in layouts.rank_plan(m, plan.Parallelism(1, 1, 3), ranks, 0).files]
 

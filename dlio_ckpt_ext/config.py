@@ -16,7 +16,9 @@ from typing import Any, Optional, get_type_hints
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, ValidationError
 
-from dlio_ckpt_ext import layouts, load_plan, plan, safetensors_plan
+from dlio_ckpt_ext import layouts
+
+from dlio_ckpt_ext.shared_plans import load_plan, plan, safetensors_plan
 from dlio_ckpt_ext.layouts.base import Layout
 from dlio_ckpt_ext.errors import ConfigError
 

@@ -5,7 +5,8 @@ import re
 import pytest
 
 from conftest import BUCKET
-from dlio_ckpt_ext import layouts, plan
+from dlio_ckpt_ext import layouts
+from dlio_ckpt_ext.shared_plans import plan
 from dlio_ckpt_ext.layouts import dcp as dcp_layout
 from dlio_run import UPSTREAM, run_dlio
 

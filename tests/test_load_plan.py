@@ -6,7 +6,9 @@ import sys
 
 import pytest
 
-from dlio_ckpt_ext import layouts, load_plan as lp, plan
+from dlio_ckpt_ext import layouts
+
+from dlio_ckpt_ext.shared_plans import load_plan as lp, plan
 from dlio_ckpt_ext.errors import ConfigError
 
 TINY = plan.ModelShape(4, 512, 1792, 8192, 8, 2)

@@ -5,9 +5,11 @@ import json
 
 import pytest
 
-from dlio_ckpt_ext import layouts, plan
+from dlio_ckpt_ext import layouts
+
+from dlio_ckpt_ext.shared_plans import plan
 from dlio_ckpt_ext.errors import ConfigError
-from dlio_ckpt_ext.load_plan import LoadJob
+from dlio_ckpt_ext.shared_plans.load_plan import LoadJob
 from test_restore import SHAPE, checkpointers, load_verified
 
 MEGATRON = layouts.get("megatron")

@@ -9,7 +9,9 @@ import pytest
 from omegaconf import OmegaConf
 from safetensors import safe_open
 
-from dlio_ckpt_ext import layouts, load_plan, plan, safetensors_plan
+from dlio_ckpt_ext import layouts
+
+from dlio_ckpt_ext.shared_plans import load_plan, plan, safetensors_plan
 from dlio_ckpt_ext.checkpoint.checkpointer import Checkpointer
 from dlio_ckpt_ext.config import load_config
 from dlio_ckpt_ext.engine.content import generator

@@ -8,10 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from dlio_ckpt_ext import layouts, plan
+from dlio_ckpt_ext import layouts
+
+from dlio_ckpt_ext.shared_plans import plan
 from dlio_ckpt_ext.errors import ConfigError, StorageError
 from dlio_ckpt_ext.layouts import orbax
-from dlio_ckpt_ext.load_plan import LoadJob
+from dlio_ckpt_ext.shared_plans.load_plan import LoadJob
 from test_restore import SHAPE, checkpointers, load_verified, run_in_threads
 
 ORBAX = layouts.get("orbax")

@@ -1,9 +1,10 @@
-"""Shard sizes against values computed here, independently of plan.py."""
+"""Shard sizes against values computed here, independently of shared_plans/plan.py."""
 import pytest
 import yaml
 
 from conftest import PRESETS
-from dlio_ckpt_ext import layouts, plan
+from dlio_ckpt_ext import layouts
+from dlio_ckpt_ext.shared_plans import plan
 from dlio_ckpt_ext.errors import ConfigError
 
 LLAMA3_8B = dict(num_layers=32, hidden_size=4096, ffn_hidden_size=14336, vocab_size=128256,

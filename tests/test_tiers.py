@@ -7,7 +7,7 @@ import threading
 import pytest
 from omegaconf import OmegaConf
 
-from dlio_ckpt_ext import tier_plan
+from dlio_ckpt_ext.shared_plans import tier_plan
 from dlio_ckpt_ext.checkpoint.local_tier import LocalTier
 from dlio_ckpt_ext.checkpoint.priority import io_class_of_this_thread, lower_this_thread
 from dlio_ckpt_ext.config import load_config

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from conftest import BUCKET, tool
-from dlio_ckpt_ext import tier_plan
+from dlio_ckpt_ext.shared_plans import tier_plan
 from dlio_ckpt_ext.checkpoint.checkpointer import Checkpointer
 
 from dlio_ckpt_ext.result_files import RECORD_FILE

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Callable, Optional
 
-from dlio_ckpt_ext import load_plan, plan
+from dlio_ckpt_ext.shared_plans import load_plan, plan
 from dlio_ckpt_ext.config import CheckpointId, RunConfig
 from dlio_ckpt_ext.engine import (BufferPool, ContentSpec, FileStats, FileWindow, derive_seed, load_file,
                                   send_file, write_from_memory)

@@ -14,7 +14,7 @@ import os
 import shutil
 from typing import Callable, Optional
 
-from dlio_ckpt_ext import tier_plan
+from dlio_ckpt_ext.shared_plans import tier_plan
 from dlio_ckpt_ext.config import RunConfig
 from dlio_ckpt_ext.engine import BufferPool, ContentSpec, FileStats, derive_seed, send_file
 from dlio_ckpt_ext.engine.stream import Progress

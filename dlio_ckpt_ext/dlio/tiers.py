@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from typing import Callable, Optional
 
-from dlio_ckpt_ext import tier_plan
+from dlio_ckpt_ext.shared_plans import tier_plan
 from dlio_ckpt_ext.checkpoint.checkpointer import Checkpointer
 from dlio_ckpt_ext.checkpoint.local_tier import LocalTier
 from dlio_ckpt_ext.config import RunConfig, local_path

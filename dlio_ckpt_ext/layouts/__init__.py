@@ -4,11 +4,11 @@ module here (a Layout subclass and its LAYOUT) plus its presets; the rest of
 the package asks the object (layouts.get) and never compares a layout's name."""
 from __future__ import annotations
 
-from dlio_ckpt_ext import plan
+from dlio_ckpt_ext.shared_plans import plan
 from dlio_ckpt_ext.errors import ConfigError
 from dlio_ckpt_ext.layouts import dcp, deepspeed, megatron, orbax, safetensors
 from dlio_ckpt_ext.layouts.base import Layout
-from dlio_ckpt_ext.load_plan import LoadJob, ReadRange
+from dlio_ckpt_ext.shared_plans.load_plan import LoadJob, ReadRange
 
 REGISTRY: dict[str, Layout] = {module.LAYOUT.name: module.LAYOUT for module in (deepspeed, dcp, safetensors, megatron, orbax)}
 NAMES = tuple(REGISTRY)

@@ -7,10 +7,10 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Iterable, Optional
 
-from dlio_ckpt_ext import load_plan, plan
+from dlio_ckpt_ext.shared_plans import load_plan, plan
 from dlio_ckpt_ext.errors import ConfigError
-from dlio_ckpt_ext.load_plan import LoadJob, ReadRange
-from dlio_ckpt_ext.plan import ModelShape, Parallelism, RankPlan
+from dlio_ckpt_ext.shared_plans.load_plan import LoadJob, ReadRange
+from dlio_ckpt_ext.shared_plans.plan import ModelShape, Parallelism, RankPlan
 
 
 class Layout:

@@ -15,11 +15,11 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Iterable
 
-from dlio_ckpt_ext import load_plan, plan
+from dlio_ckpt_ext.shared_plans import load_plan, plan
 from dlio_ckpt_ext.errors import ConfigError
 from dlio_ckpt_ext.layouts.base import Layout
-from dlio_ckpt_ext.load_plan import LoadJob, ReadRange
-from dlio_ckpt_ext.plan import ModelShape, Parallelism, RankPlan, ShardFile
+from dlio_ckpt_ext.shared_plans.load_plan import LoadJob, ReadRange
+from dlio_ckpt_ext.shared_plans.plan import ModelShape, Parallelism, RankPlan, ShardFile
 
 #: bytes of a .metadata per saved item: an estimate, for Megatron's (its own per-item
 #: sizes are in megatron.py)

@@ -12,10 +12,10 @@ the `bf16_` prefix of a bf16 run's optimizer files, and at the save root
 `latest` and the two recovery scripts. OPEN only: CLOSED writes DLIO's."""
 from __future__ import annotations
 
-from dlio_ckpt_ext import load_plan, plan
+from dlio_ckpt_ext.shared_plans import load_plan, plan
 from dlio_ckpt_ext.layouts.base import Layout
-from dlio_ckpt_ext.load_plan import LoadJob, ReadRange
-from dlio_ckpt_ext.plan import ModelShape, Parallelism, RankPlan, ShardFile
+from dlio_ckpt_ext.shared_plans.load_plan import LoadJob, ReadRange
+from dlio_ckpt_ext.shared_plans.plan import ModelShape, Parallelism, RankPlan, ShardFile
 
 
 def layer_elements(m: ModelShape, layer: int, tp: int, shard: int) -> int:

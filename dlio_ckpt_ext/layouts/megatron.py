@@ -31,12 +31,12 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Iterable
 
-from dlio_ckpt_ext import load_plan, plan
+from dlio_ckpt_ext.shared_plans import load_plan, plan
 from dlio_ckpt_ext.errors import ConfigError
 from dlio_ckpt_ext.layouts.base import Layout
 from dlio_ckpt_ext.layouts.dcp import ITEM_OVERHEAD, METADATA_TMP
-from dlio_ckpt_ext.load_plan import LoadJob, ReadRange
-from dlio_ckpt_ext.plan import ModelShape, Parallelism, RankPlan, ShardFile
+from dlio_ckpt_ext.shared_plans.load_plan import LoadJob, ReadRange
+from dlio_ckpt_ext.shared_plans.plan import ModelShape, Parallelism, RankPlan, ShardFile
 
 #: metadata.json as dist_checkpointing's save_config writes it (json.dump of CheckpointingConfig;
 #: Megatron-core 0.19 dropped the common backend's two keys with common.pt)

@@ -32,11 +32,11 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Iterable, Optional
 
-from dlio_ckpt_ext import load_plan, plan
+from dlio_ckpt_ext.shared_plans import load_plan, plan
 from dlio_ckpt_ext.errors import ConfigError
 from dlio_ckpt_ext.layouts.base import Layout
-from dlio_ckpt_ext.load_plan import LoadJob, ReadRange
-from dlio_ckpt_ext.plan import ModelShape, Parallelism, RankPlan, ShardFile
+from dlio_ckpt_ext.shared_plans.load_plan import LoadJob, ReadRange
+from dlio_ckpt_ext.shared_plans.plan import ModelShape, Parallelism, RankPlan, ShardFile
 
 ITEM = "items"
 TMP_SUFFIX = ".orbax-checkpoint-tmp"

@@ -13,11 +13,11 @@ import json
 from dataclasses import replace
 from typing import Optional
 
-from dlio_ckpt_ext import load_plan, plan, safetensors_plan
+from dlio_ckpt_ext.shared_plans import load_plan, plan, safetensors_plan
 from dlio_ckpt_ext.errors import ConfigError
 from dlio_ckpt_ext.layouts.base import Layout
-from dlio_ckpt_ext.load_plan import PAGE, LoadJob, ReadRange
-from dlio_ckpt_ext.plan import ModelShape, Parallelism, RankPlan, ShardFile
+from dlio_ckpt_ext.shared_plans.load_plan import PAGE, LoadJob, ReadRange
+from dlio_ckpt_ext.shared_plans.plan import ModelShape, Parallelism, RankPlan, ShardFile
 
 #: a model load, named after the loader it emulates: vLLM's default (safetensors'
 #: mmap: each rank its slices), runai-model-streamer (whole shards), fastsafetensors

@@ -3,7 +3,7 @@ its local tier and sends to the storage under test, and the rate a
 persistent save needs to fit in its interval, at any rank count."""
 from __future__ import annotations
 
-from dlio_ckpt_ext import tier_plan
+from dlio_ckpt_ext.shared_plans import tier_plan
 from dlio_ckpt_ext.config import RunConfig
 
 GiB = 1 << 30

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from dlio_ckpt_ext import safetensors_plan
+from dlio_ckpt_ext.shared_plans import safetensors_plan
 from dlio_ckpt_ext.errors import ConfigError
 
 DTYPE_BYTES = {"int8": 1, "uint8": 1, "fp16": 2, "bf16": 2, "float16": 2,

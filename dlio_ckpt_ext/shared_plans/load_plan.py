@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable
 
-from dlio_ckpt_ext import plan
+from dlio_ckpt_ext.shared_plans import plan
 
 #: own: every rank reads back the files it wrote (DLIO's and MLPerf's definition);
 #: framework: what the layout's framework reads on a restore (another world size: resharded)
