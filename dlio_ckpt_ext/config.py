@@ -197,6 +197,17 @@ class TiersConfig:
 
 
 @dataclass
+class GoodputConfig:
+    # The GOODPUT block (docs/goodput.md): what this run's checkpoint figures cost a training
+    # job at its scale and at the nodes named, under this failure model.
+    failures_per_node_day: float = 3.8e-3   # Llama 3's pretraining (419 interruptions, 54 days, 2,048 nodes)
+    restart_s: float = 0.0             # a restart's time outside storage (scheduler, start-up, compilation); 0: unknown
+    interval_s: float = 0.0            # useful work between checkpoints; 0: the run's own (tiers, training loop, idle)
+    local_share: float = -1.0          # tiered runs: the share of failures the local tier recovers; -1: 0 and 1 as bounds
+    nodes: list = field(default_factory=lambda: [1024, 2048, 16384])  # the scales shown beside the run's own
+
+
+@dataclass
 class WorkloadSections:
     model: ModelConfig = field(default_factory=ModelConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
@@ -204,6 +215,7 @@ class WorkloadSections:
     storage: StorageConfig = field(default_factory=StorageConfig)
     model_load: ModelLoadConfig = field(default_factory=ModelLoadConfig)
     tiers: TiersConfig = field(default_factory=TiersConfig)
+    goodput: GoodputConfig = field(default_factory=GoodputConfig)
 
 
 @dataclass
@@ -418,7 +430,7 @@ def _positive(key: str, value: Any) -> None:
 
 def load_config(workload: DictConfig | dict, comm_size: int) -> RunConfig:
     """Validate our sections of `workload` for a job of comm_size ranks."""
-    given = {k: workload[k] for k in ("model", "checkpoint", "streaming", "storage", "model_load", "tiers")
+    given = {k: workload[k] for k in ("model", "checkpoint", "streaming", "storage", "model_load", "tiers", "goodput")
              if k in workload}
     for section in given.values():
         if isinstance(section, DictConfig):
@@ -494,6 +506,7 @@ def load_config(workload: DictConfig | dict, comm_size: int) -> RunConfig:
         raise ConfigError("workload.streaming.gen_threads", st.gen_threads, "0 (automatic) or more")
 
     _check_restore(c, comm_size)
+    _check_goodput(s.goodput)
     read_size = _check_model_load(s, layout, read_size)
     training_s = training_between_checkpoints(workload, c)
     _check_tiers(s, layout, training_s, trains)
@@ -533,6 +546,19 @@ CONTENTS = ("incompressible", "tensors")
 DEEPSPEED_FILES = ("dlio", "deepspeed")
 #: checkpoint.platform: Orbax saves replicated arrays replica-parallel except on GPUs
 PLATFORMS = ("tpu", "gpu")
+
+
+def _check_goodput(g: GoodputConfig) -> None:
+    """workload.goodput: a failure rate, non-negative times, a share or -1, positive node counts."""
+    for key, value, low in (("failures_per_node_day", g.failures_per_node_day, 0.0), ("restart_s", g.restart_s, None),
+                            ("interval_s", g.interval_s, None)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or (low is not None and value <= low):
+            raise ConfigError(f"workload.goodput.{key}", value, "a number > 0" if low is not None else "seconds >= 0")
+    if g.local_share != -1 and not 0 <= g.local_share <= 1:
+        raise ConfigError("workload.goodput.local_share", g.local_share, "a share from 0 to 1, or -1 (0 and 1 as bounds)")
+    if not isinstance(g.nodes, list) or not all(isinstance(n, int) and not isinstance(n, bool) and n > 0
+                                                for n in g.nodes):
+        raise ConfigError("workload.goodput.nodes", g.nodes, "a list of positive node counts")
 
 
 def _overlap_grad_reduce(par: ParallelismConfig, layout: Layout) -> bool:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Optional
 
 DAY_S = 86400.0
 #: Llama 3's pretraining: 419 unexpected interruptions in 54 days on 16,384 H100 GPUs
@@ -102,3 +103,115 @@ def best(tiers: list[Tier], mtbf: float, restart_s: float = 0.0) -> dict:
     """badput at Daly's interval for the stall a cycle costs."""
     interval = max(daly_interval(stall_per_cycle(tiers), mtbf), 1e-9)
     return badput(interval, tiers, mtbf, restart_s)
+
+
+# -- a run's record through the model (the GOODPUT block, dlio-ckpt-report goodput) --
+
+
+def _mean(values: list[float]) -> Optional[float]:
+    return sum(values) / len(values) if values else None
+
+
+def measured(s: dict, interval_s: Optional[float] = None) -> dict:
+    """The model's inputs from a run's record: each tier's stall, lag and restore,
+    and the interval, with where each came from."""
+    save, load = s["save"], s["load"]
+    restore = load.get("duration_s_mean") if load.get("checkpoints") else None
+    said = []
+    if restore is None:
+        restore = save["duration_s_mean"]
+        said.append("no checkpoint was read: a restore assumed as long as a save")
+    training = s.get("training")
+    tiers = s.get("tiers")
+    if tiers:
+        settings = tiers["settings"]
+        staging = _mean([r["staging_s"] for r in tiers["persistent"] if "staging_s" in r]) or 0.0
+        local = Tier(tiers["local_s_mean"] or 0.0, 0.0, tiers["local_s_mean"] or 0.0)
+        persistent = Tier(staging, save["duration_s_mean"], restore, every=settings["persistent_every"])
+        said.append("a local restore assumed as long as a local save")
+        kind, parts = "tiers", [local, persistent]
+        interval = settings.get("interval_s") or None
+    elif s.get("async"):
+        kind = "async"
+        parts = [Tier(s["async"]["blocked_s"]["mean"], save["duration_s_mean"], restore)]
+        interval = s["async"].get("interval_s") or None
+    else:
+        kind = "sync"
+        parts = [Tier(save["duration_s_mean"], 0.0, restore)]
+        interval = s["config"]["effective"].get("checkpoint", {}).get("time_between_checkpoints") or None
+    if training and training.get("checkpoint_stall_mean_s") and kind != "tiers":
+        parts = [Tier(training["checkpoint_stall_mean_s"], parts[0].lag_s, restore)]
+        iterations = [c["iteration"] for c in training["checkpoints"]]
+        if len(iterations) > 1 and training.get("plain_step_s"):
+            interval = (iterations[1] - iterations[0]) * training["plain_step_s"]
+    if interval_s:
+        interval = interval_s
+    return {"kind": kind, "tiers": parts, "interval_s": float(interval) if interval else None, "notes": said}
+
+
+def at_scale(inputs: dict, run_nodes: int, nodes: int) -> list[goodput.Tier]:
+    """Each tier's times at `nodes`: the checkpoint's bytes spread over the nodes, at the
+    bandwidth a node had in this run (assumed to hold per node)."""
+    f = run_nodes / nodes
+    return [Tier(t.stall_s * f, t.lag_s * f, t.restore_s * f, t.every, t.share) for t in inputs["tiers"]]
+
+
+def scales(s: dict, nodes: list[int], failures_per_node_day: float, restart_s: float,
+           interval_s: Optional[float] = None, local_share: Optional[float] = None) -> dict:
+    """A run's record (its summary) through the model: the inputs read from it, and a row a
+    scale (the run's own first) and a local share (tiered runs: 0 and 1 unless given), with
+    goodput, the badput split and Daly's best interval. None when the run has no interval."""
+    inputs = measured(s, interval_s)
+    if not inputs["interval_s"]:
+        return None
+    run_nodes = s.get("num_hosts") or len(s.get("hosts", [])) or 1
+    shares = [local_share] if local_share is not None else ([0.0, 1.0] if inputs["kind"] == "tiers" else [None])
+    rows = []
+    for n in [run_nodes] + [x for x in nodes if x != run_nodes]:
+        mtbf = mtbf_s(n, failures_per_node_day)
+        for share in shares:
+            tiers = at_scale(inputs, run_nodes, n)
+            if share is not None:
+                tiers = [Tier(t.stall_s, t.lag_s, t.restore_s, t.every, q) for t, q in zip(tiers, (share, 1 - share))]
+            rows.append({"nodes": n, "local_share": share, "at_interval": badput(inputs["interval_s"], tiers, mtbf,
+                                                                                restart_s),
+                         "at_best": best(tiers, mtbf, restart_s)})
+    return {"kind": inputs["kind"], "run_nodes": run_nodes, "interval_s": inputs["interval_s"],
+            "tiers": [vars(t) for t in inputs["tiers"]], "notes": inputs["notes"],
+            "failures_per_node_day": failures_per_node_day, "restart_s": restart_s,
+            "bandwidth": "this run's a node, assumed to hold per node at every scale", "rows": rows}
+
+
+def goodput_lines(g: Optional[dict]) -> list[str]:
+    """The GOODPUT block of `scales`' result."""
+    if g is None:
+        return ["GOODPUT: the run has no interval between checkpoints (no tiers.interval_s, training loop or "
+                "checkpoint.time_between_checkpoints): set workload.goodput.interval_s (dlio-ckpt-report goodput "
+                "--interval-s)"]
+    pct = lambda v: f"{100 * v:.2f} %"  # noqa: E731
+    first, rate = g["tiers"][0], g["failures_per_node_day"]
+    lines = ["GOODPUT (dlio_ckpt_ext/goodput.py; docs/goodput.md):",
+             f"  failures                     {rate:g} a node and day"
+             + (f" ({FAILURE_SOURCE})" if rate == LLAMA3_FAILURES_PER_NODE_DAY else ""),
+             f"  restart outside storage      {g['restart_s']:g} s" + ("" if g["restart_s"] else " (not given)"),
+             f"  this run ({g['kind']})              {g['run_nodes']} node(s): stall {first['stall_s']:.3f} s a "
+             f"checkpoint, durable {first['lag_s']:.3f} s after, restore {first['restore_s']:.3f} s; interval "
+             f"{g['interval_s']:g} s"]
+    if g["kind"] == "tiers":
+        p = g["tiers"][1]
+        lines.append(f"  {'persistent tier':28s} every {p['every']}th save: stall {p['stall_s']:.3f} s, durable "
+                     f"{p['lag_s']:.3f} s after, restore {p['restore_s']:.3f} s")
+    lines += [f"  note: {n}" for n in g["notes"]]
+    lines.append("  at other scales: the checkpoint's bytes spread over the nodes, each node's bandwidth this "
+                 "run's (assumed to scale per node)")
+    lines.append(f"  {'nodes':>6} {'local share':>11} {'MTBF':>9} {'interval':>9} {'goodput':>9} {'stall':>8} "
+                 f"{'restart':>8} {'restore':>8} {'lost':>8} | {'best':>9} {'goodput':>9}")
+    for r in g["rows"]:
+        b, top = r["at_interval"], r["at_best"]
+        flag = "" if b["first_order_holds"] and top["first_order_holds"] else "  (beyond the model's first order)"
+        share = "" if r["local_share"] is None else f"{r['local_share']:g}"
+        lines.append(f"  {r['nodes']:>6} {share:>11} {b['mtbf_s'] / 3600:>8.2f}h {b['interval_s']:>8.0f}s "
+                     f"{pct(b['goodput']):>9} {pct(b['save_stall']):>8} {pct(b['restart']):>8} "
+                     f"{pct(b['restore']):>8} {pct(b['lost_work']):>8} | {top['interval_s']:>8.1f}s "
+                     f"{pct(top['goodput']):>9}{flag}")
+    return lines

@@ -146,7 +146,7 @@ def record(**extra) -> dict:
 
 
 def test_the_report_reads_each_schedule_s_figures_and_scales_them_per_node():
-    from dlio_ckpt_ext.report.goodput_report import at_scale, goodput_lines, measured
+    from dlio_ckpt_ext.goodput import at_scale, goodput_lines, measured, scales
     sync = measured(record(), 600.0)
     assert sync["kind"] == "sync" and sync["tiers"] == [goodput.Tier(20.0, 0.0, 10.0)] and sync["interval_s"] == 600
     asynchronous = measured(record(**{"async": {"blocked_s": {"mean": 2.0}, "interval_s": 300}}))
@@ -156,19 +156,45 @@ def test_the_report_reads_each_schedule_s_figures_and_scales_them_per_node():
     assert tiered["tiers"] == [goodput.Tier(4.0, 0.0, 4.0), goodput.Tier(1.0, 20.0, 10.0, every=5)]
     # bandwidth a node held: 2 nodes' bytes on 1,024 nodes take 2/1,024 of the time
     assert at_scale(sync, 2, 1024) == [goodput.Tier(20.0 * 2 / 1024, 0.0, 10.0 * 2 / 1024)]
-    lines = goodput_lines(record(), [1024], goodput.LLAMA3_FAILURES_PER_NODE_DAY, 300.0, 600.0)
+    lines = goodput_lines(scales(record(), [1024], goodput.LLAMA3_FAILURES_PER_NODE_DAY, 300.0, 600.0))
     want = goodput.badput(600.0, at_scale(sync, 2, 1024), goodput.mtbf_s(1024), 300.0)
     row = next(line for line in lines if line.split()[:1] == ["1024"])
     assert f"{100 * want['goodput']:.2f} %" in row and f"{100 * want['lost_work']:.2f} %" in row
-    two = goodput_lines(record(tiers={"local_s_mean": 4.0, "persistent": [], "settings": {"persistent_every": 5,
-                                                                                          "interval_s": 120}}),
-                        [2048], 3.8e-3, 0.0)
+    two = goodput_lines(scales(record(tiers={"local_s_mean": 4.0, "persistent": [],
+                                             "settings": {"persistent_every": 5, "interval_s": 120}}),
+                               [2048], 3.8e-3, 0.0))
     assert [line.split()[:2] for line in two if line.split()[:1] == ["2048"]] == [["2048", "0"], ["2048", "1"]]
-    assert any("restart outside storage      0 s (not given: --restart-s)" in line for line in two)
+    assert any("restart outside storage      0 s (not given)" in line for line in two)
 
 
 def test_a_run_without_an_interval_is_asked_for_one():
-    from dlio_ckpt_ext.report.goodput_report import measured
+    from dlio_ckpt_ext.goodput import goodput_lines, scales
+    from dlio_ckpt_ext.report.goodput_report import goodput_report
     from dlio_ckpt_ext.report.results import ResultsError
     with pytest.raises(ResultsError, match="give --interval-s"):
-        measured(record())
+        goodput_report(record(), [1024], 3.8e-3, 0.0)
+    assert scales(record(), [1024], 3.8e-3, 0.0) is None
+    assert "set workload.goodput.interval_s" in goodput_lines(None)[0]
+
+
+@pytest.mark.e2e
+def test_a_run_prints_its_goodput_block_from_its_own_figures(tmp_path):
+    """RESULTS end with GOODPUT: the run's save and restore times through the model at its
+    scale and the scales named, the same figures in the record."""
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from dlio_run import run_dlio
+    run = run_dlio(tmp_path, 2, "llama3_tiny_checkpoint", "++workload.checkpoint.num_checkpoints_write=2",
+                   "++workload.checkpoint.num_checkpoints_read=2", "++workload.checkpoint.time_between_checkpoints=1",
+                   "++workload.goodput.nodes=[64]", "++workload.goodput.restart_s=120")
+    assert run.returncode == 0, run.stderr[-3000:]
+    record = run.record()
+    g = record["goodput"]
+    stall, restore = record["save"]["duration_s_mean"], record["load"]["duration_s_mean"]
+    assert g["tiers"] == [{"stall_s": stall, "lag_s": 0.0, "restore_s": restore, "every": 1, "share": 1.0}]
+    assert [r["nodes"] for r in g["rows"]] == [1, 64] and g["restart_s"] == 120
+    at64 = goodput.badput(1.0, [goodput.Tier(stall / 64, 0.0, restore / 64)], goodput.mtbf_s(64), 120.0)
+    assert g["rows"][1]["at_interval"]["goodput"] == pytest.approx(at64["goodput"])
+    block = run.stdout[run.stdout.index("GOODPUT (dlio_ckpt_ext/goodput.py"):]
+    assert f"{100 * at64['goodput']:.2f} %" in block.splitlines()[7]

@@ -17,6 +17,7 @@ from typing import Optional, Protocol
 
 from omegaconf import DictConfig, OmegaConf
 
+from dlio_ckpt_ext import goodput
 from dlio_ckpt_ext.dlio import metrics, provenance, trace
 from dlio_ckpt_ext.engine.buffers import huge_page_bytes, thp_setting
 from dlio_ckpt_ext.engine.threads import usable_cpus
@@ -182,8 +183,9 @@ def phase_summary(windows: list[dict], report: dict) -> dict:
             "per_checkpoint": windows, "results": report}
 
 
-def write_run_record(session: CheckpointSession, reports: dict) -> None:
-    """Rank 0: the manifest, the effective config and RECORD_FILE."""
+def write_run_record(session: CheckpointSession, reports: dict) -> list[str]:
+    """Rank 0: the manifest, the effective config and RECORD_FILE; returns the GOODPUT
+    block, which reads the record's figures (docs/goodput.md)."""
     folder = session.output_folder
     size = session.checkpoint_bytes
     man = manifest(session)
@@ -210,4 +212,8 @@ def write_run_record(session: CheckpointSession, reports: dict) -> None:
                            "persistent_are": "the save figures (save.per_checkpoint): each persistent save's window"}
     if session.training_summary is not None:
         record["training"] = session.training_summary
+    g = session.config.sections.goodput
+    record["goodput"] = goodput.scales(record, g.nodes, g.failures_per_node_day, g.restart_s, g.interval_s or None,
+                                       None if g.local_share < 0 else g.local_share)
     metrics.write_json(os.path.join(folder, RECORD_FILE), record)
+    return goodput.goodput_lines(record["goodput"])

@@ -820,5 +820,5 @@ class CheckpointSession:
                          f"{_runs(budget['used_per_file'])})")
         lines += self.warnings()
         print("\n".join(lines), flush=True)
-        records.write_run_record(self, reports)
+        print("\n".join(records.write_run_record(self, reports)), flush=True)
         print(f"[INFO] results in {self.output_folder}", flush=True)

@@ -102,9 +102,9 @@ def _plan(args) -> int:
 
 
 def _goodput(args) -> int:
-    from dlio_ckpt_ext.report.goodput_report import goodput_lines
-    print("\n".join(goodput_lines(load_result(args.results).summary, args.nodes, args.failures_per_node_day,
-                                   args.restart_s, args.interval_s, args.local_share)))
+    from dlio_ckpt_ext.report.goodput_report import goodput_report
+    print("\n".join(goodput_report(load_result(args.results).summary, args.nodes, args.failures_per_node_day,
+                                    args.restart_s, args.interval_s, args.local_share)))
     return 0
 
 
