@@ -25,7 +25,8 @@ from dlio_ckpt_ext.checkpoint.local_tier import LocalTier
 from dlio_ckpt_ext.checkpoint.priority import lower_this_thread
 from dlio_ckpt_ext.checkpoint.checkpointer import Checkpointer, inventory_error
 from dlio_ckpt_ext.config import CheckpointId, RunConfig, load_config
-from dlio_ckpt_ext.dlio import metrics, records, tier_report, tiers, trace, training, training_report
+from dlio_ckpt_ext.dlio import (interrupts, metrics, records, results_lines, run_warnings, tier_report, tiers,
+                               trace, training, training_report)
 from dlio_ckpt_ext.dlio.mpi import SharingGroups, Topology, abort, launcher_stream, topology, user_terminal
 from dlio_ckpt_ext.dlio.ownership import Folder, Lease
 from dlio_ckpt_ext.dlio.stalls import StallWatch
@@ -38,90 +39,6 @@ from dlio_ckpt_ext.storage.posix import read_marker_file, write_marker_file
 from dlio_ckpt_ext.checkpoint.memory import check_memory
 
 PHASES = ("save", "load")
-#: the session of this process, for DLIO's storage calls that must see the last
-#: checkpoint persisted (listing the checkpoint folder before the reads)
-_active: Optional["CheckpointSession"] = None
-
-
-def active_session() -> Optional["CheckpointSession"]:
-    return _active
-
-
-class Interrupted(BaseException):
-    """SIGINT or SIGTERM (mpirun forwards Ctrl-C to every rank as SIGTERM)."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
-
-
-def _interrupt(signum: int, frame) -> None:
-    # said before the exception unwinds: between checkpoints it may end the
-    # interpreter before the watch thread is scheduled (seen on a loaded machine)
-    if _active is not None:
-        _active.say_signal(signum)
-    raise Interrupted(signum)
-
-
-def catch_interrupts() -> None:
-    """Turn SIGINT and SIGTERM into an exception in the main thread, so the
-    engine's cleanup (Writer.abort: no partial file, no open multipart upload)
-    runs before the rank exits; the default SIGTERM action would skip it.
-    A Python handler runs only once the main thread is back in Python, which a
-    rank waiting in an MPI barrier never is before mpirun kills it: a watch
-    thread is woken by the signal itself (signal.set_wakeup_fd) and tells the
-    session at once, so a persist in the background is cancelled and said."""
-    global _watching
-    if threading.current_thread() is not threading.main_thread():
-        return
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, _interrupt)
-    if _watching:
-        return
-    r, w = os.pipe()
-    os.set_blocking(w, False)
-    signal.set_wakeup_fd(w, warn_on_full_buffer=False)
-
-    def watch() -> None:
-        while True:
-            for signum in os.read(r, 64):
-                if _active is not None and signum in (signal.SIGINT, signal.SIGTERM):
-                    _active.interrupted_in_background(signum)
-    threading.Thread(target=watch, name="interrupt-watch", daemon=True).start()
-    _watching = True
-
-
-_watching = False
-
-
-def generation_limited_warning(steps: dict[int, list[int]], topo: Topology) -> str:
-    """Which ranks' save figures were their generators', and what would help on
-    this node: a wider binding only where the node has CPUs the binding withholds."""
-    all_steps = sorted({s for rank_steps in steps.values() for s in rank_steps})
-    head = (f"[WARNING] generation limited the save of checkpoint step(s) {metrics.listed(all_steps)} on rank(s) "
-            f"{metrics.listed(sorted(steps))}: at the generator thread limit, files carrying most of the checkpoint's "
-            f"bytes took longer to generate than to write (rank 0 may run on {topo.cpu_mask_size} CPU(s), "
-            f"its share {topo.cpu_share:g}; binding: {topo.binding}); ")
-    per_rank = topo.node_cpus // max(1, topo.ranks_per_node)
-    if per_rank > int(topo.cpu_share):
-        return head + (f"give each rank more CPUs: mpirun --bind-to none, or --map-by "
-                       f"ppr:{topo.ranks_per_node}:node:PE={per_rank}")
-    return head + (f"this node's {topo.node_cpus} CPU(s) are all its {topo.ranks_per_node} rank(s) can have: run "
-                   "fewer ranks per node or on nodes with more CPUs; these figures are the generator's, not the "
-                   "storage's")
-
-
-def _runs(values: list[int]) -> str:
-    """[1, 1, 1, 2, 2] -> '1 x3, 2 x2'."""
-    out: list[list[int]] = []
-    for v in values:
-        if out and out[-1][0] == v:
-            out[-1][1] += 1
-        else:
-            out.append([v, 1])
-    return ", ".join(f"{v} x{n}" for v, n in out)
-
-
 class CheckpointSession:
     def __init__(self, workload: DictConfig, comm, output_folder: str, dlio_reports_metrics: bool,
                  dlio_rank_sync: Optional[bool] = None) -> None:
@@ -190,7 +107,7 @@ class CheckpointSession:
         self.end_time = self.start_time
         #: rank 0: this run's claim on its folders (dlio/ownership.py)
         self.lease: Optional[Lease] = None
-        catch_interrupts()
+        interrupts.catch_interrupts()
         # where an interrupt is said, found now: after SIGTERM mpirun forwards nothing and
         # exits within about half a second, and then its /proc entries are gone with it
         self._interrupt_stream = launcher_stream() if user_terminal() is None else None
@@ -215,8 +132,7 @@ class CheckpointSession:
             # the background thread's own communicator for DCP's commit, as DCP
             # gives async_save a process group of its own
             self.persist_comm = comm.Dup()
-        global _active
-        _active = self
+        interrupts.set_active(self)
         self._probe()
         with self.abort_on_error("claiming the checkpoint folder"):
             self._claim_folders("checkpoint")
@@ -300,7 +216,7 @@ class CheckpointSession:
         self.doing, outer = what, self.doing
         try:
             yield
-        except Interrupted as exc:
+        except interrupts.Interrupted as exc:
             # mpirun is ending every rank already: this one has aborted its open
             # upload or removed its partial file on the way here, and just goes.
             self._say_interrupted(self._interrupted(what, exc.signum))
@@ -388,44 +304,7 @@ class CheckpointSession:
 
     def warnings(self) -> list[str]:
         """What a reader of the figures must know about how they were measured."""
-        out = []
-        c, backend = self.config.checkpoint, self.checkpointer.backend
-        if not self.rank_sync:
-            out.append("[WARNING] checkpoint.rank_sync is False: DLIO times each checkpoint on rank 0 alone; "
-                       "the global windows (first rank's start to last rank's close) are in "
-                       f"{records.RECORD_FILE}")
-        if self.config.is_async and self.dlio_reports_metrics and c.num_checkpoints_write:
-            how = "workload.tiers" if self.config.has_tiers else "checkpoint.async_mode=async"
-            out.append(f"[WARNING] {how}: DLIO's own [METRIC] save lines time the save call "
-                       "(generating the content, staging, waiting for the previous persist), not storage; the "
-                       "storage figures are the 'Checkpoint persist' lines, "
-                       + ("the local saves and the foreground's cost the TIERS block" if self.config.has_tiers
-                          else "the blocked time the 'save blocked' lines"))
-        if c.num_checkpoints_write and backend.writes_may_be_cached:
-            out.append("[WARNING] save figures may measure the page cache, not the storage "
-                       f"(write method: {backend.write_cache_method})")
-        if c.num_checkpoints_read and backend.reads_may_be_cached:
-            out.append("[WARNING] reads may be served from the page cache "
-                       f"(read cache method: {backend.read_cache_method})")
-        if trace.enabled() and not trace.keeps_arguments():
-            out.append("[WARNING] DFTRACER_ENABLE=1 without DFTRACER_INC_METADATA=1: dftracer drops every event's "
-                       "arguments, so the trace has times but no bytes, files, steps or ranks; set both")
-        if self.starved_steps:
-            out.append(generation_limited_warning(self.starved_steps, self.topology))
-        if c.num_checkpoints_write and backend.chunk_warning(self.config.chunk_size):
-            out.append(backend.chunk_warning(self.config.chunk_size))
-        for phase, cpu in self.client_cpu.items():
-            out += metrics.client_cpu_warning(phase, cpu)
-        out += metrics.stall_warnings(self.stalls)
-        if self.tiers_summary is not None:
-            out += tier_report.overrun_warnings(self.tiers_summary)
-        for phase in PHASES:
-            out += metrics.throttle_warnings(phase, self.windows[phase])
-        if c.recovery_rank_shift and self.checkpointer.source_rank() == self.rank:
-            out.append("[WARNING] checkpoint.recovery_rank_shift=True shifts nothing here: all "
-                       f"{self.size} ranks are on one node (the shift is by ranks per node), so every rank "
-                       "reads its own files")
-        return out
+        return run_warnings.warnings(self)
 
     # -- the checkpoints -------------------------------------------------------
     @property
@@ -781,44 +660,6 @@ class CheckpointSession:
                 reports[phase]["client_cpu"] = self.client_cpu[phase] = \
                     metrics.client_cpu(self.windows[phase], self.topology.node_cpus)
                 reports[phase]["slow_requests"] = metrics.slow_requests([s[phase] for s in slow])
-        # where DLIO prints the [METRIC] lines itself, ours would repeat them under another label
-        label = "[INFO] global window:" if self.dlio_reports_metrics else "[METRIC]"
-        lines = [line for phase in PHASES if self.windows[phase]
-                 for line in metrics.metric_lines(phase, self.windows[phase], label)]
-        if self.training_summary is not None:
-            lines += training_report.training_lines(self.training_summary)
-        if self.tiers_summary is not None:
-            lines += metrics.metric_lines("local save", self.tier_windows)
-            lines += metrics.metric_lines("persist", self.windows["save"])
-            lines += tier_report.tiers_lines(self.tiers_summary, self.tier_settings())
-        elif self.async_summary is not None:
-            # the persist windows are the save windows; named apart for async readers
-            lines += metrics.metric_lines("persist", self.windows["save"])
-            lines += metrics.async_lines(self.async_summary, self.config.checkpoint.time_between_checkpoints)
-        backend = self.checkpointer.backend
-        concurrency = self.checkpointer.concurrency()
-        for phase, method in (("save", backend.write_cache_method), ("load", backend.read_cache_method)):
-            lines += metrics.results_block(phase, reports[phase], method, concurrency.get(phase),
-                                           self.checkpointer.durability() if phase == "save" else "")
-            if reports[phase]:
-                lines += metrics.client_cpu_lines(phase, reports[phase]["client_cpu"])
-                reports[phase]["retries"] = metrics.phase_retries(self.windows[phase])
-                lines += metrics.retry_lines(reports[phase]["retries"])
-                lines += metrics.slow_request_lines(reports[phase]["slow_requests"],
-                                                    reports[phase]["retries"] is not None)
-                lines += metrics.skew_lines(phase, self.windows[phase], self.stalls)
-        if self.windows["load"]:
-            ck = self.checkpointer
-            self.restore = ck.layout.summary(self.config.shape, self.config.parallelism, ck.job,
-                                             self.config.read_size, self.config.checkpoint.share)
-            lines += metrics.restore_lines(self.restore, self.windows["load"])
-        budget = self.checkpointer.threads.describe()
-        if self.local["save"]:
-            how = (f"adaptive: the fewest keeping generation >= {budget['target_margin']:g}x I/O, up to "
-                   f"{budget['limit']}" if budget["mode"] == "adaptive" else "fixed by streaming.gen_threads")
-            lines.append(f"  {'generator threads (rank 0)':28s} {budget['final']} ({how}; per file: "
-                         f"{_runs(budget['used_per_file'])})")
-        lines += self.warnings()
-        print("\n".join(lines), flush=True)
+        print("\n".join(results_lines.lines(self, reports)), flush=True)
         print("\n".join(records.write_run_record(self, reports)), flush=True)
         print(f"[INFO] results in {self.output_folder}", flush=True)

@@ -112,7 +112,7 @@ class StreamingStorage(DataStorage):
     def walk_node(self, id: str, use_pattern: bool = False) -> list[str]:
         # DLIO counts the checkpoints here before reading them: an async run's
         # last checkpoint must have been persisted first.
-        from dlio_ckpt_ext.dlio.session import active_session
+        from dlio_ckpt_ext.dlio.interrupts import active_session
         session = active_session()
         if session is not None:
             session.drain()
