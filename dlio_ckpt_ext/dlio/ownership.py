@@ -23,6 +23,7 @@ from typing import Callable, Optional
 
 from dlio_ckpt_ext.errors import ConfigError
 from dlio_ckpt_ext.result_files import OWNER_FILE
+from dlio_ckpt_ext.storage.posix import read_marker_file, write_marker_file
 
 HEARTBEAT_S = 10.0
 STALE_AFTER_S = 3 * HEARTBEAT_S
@@ -148,3 +149,30 @@ def _parse(data: Optional[bytes]) -> dict:
     except ValueError:
         return {}
     return out if isinstance(out, dict) else {}
+
+
+def claim_folders(session, which: str) -> None:
+    """Rank 0 claims the output folder (before any checkpoint I/O) or the
+    checkpoint folder (once the storage answered) for this run
+    (dlio/ownership.py); another live run's folder stops every rank."""
+    refusal, notes = None, []
+    if session.rank == 0:
+        if session.lease is None:
+            session.lease = Lease(session.start_time)
+        if which == "output":
+            marker = os.path.join(session.output_folder, OWNER_FILE)
+            folder = Folder("workload.output.folder", session.output_folder, lambda d: write_marker_file(marker, d),
+                            lambda: read_marker_file(marker), lambda: os.unlink(marker))
+        else:
+            backend = session.checkpointer.backend
+            folder = Folder("workload.checkpoint.checkpoint_folder", backend.uri("").rstrip("/"),
+                            lambda d: backend.write_marker(OWNER_FILE, d), lambda: backend.read_marker(OWNER_FILE),
+                            lambda: backend.delete_file(OWNER_FILE))
+        try:
+            notes = session.lease.claim(folder)
+        except ConfigError as exc:
+            refusal = str(exc)
+            session.lease.release()
+    session._refuse_together(refusal, gathered=False)
+    for line in notes:
+        print(line, flush=True)

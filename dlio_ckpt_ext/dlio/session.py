@@ -18,24 +18,20 @@ import time
 from typing import Callable, Optional
 
 from omegaconf import DictConfig
-from tqdm import tqdm
 
 from dlio_ckpt_ext.checkpoint.background import BackgroundPersist
 from dlio_ckpt_ext.checkpoint.local_tier import LocalTier
-from dlio_ckpt_ext.checkpoint.priority import lower_this_thread
 from dlio_ckpt_ext.checkpoint.checkpointer import Checkpointer, inventory_error
 from dlio_ckpt_ext.config import CheckpointId, RunConfig, load_config
-from dlio_ckpt_ext.dlio import (interrupts, metrics, records, results_lines, run_warnings, tier_report, tiers,
-                               trace, training, training_report)
+from dlio_ckpt_ext.dlio import (interrupts, metrics, ownership, progress, records, results_lines, run_warnings,
+                               schedules, tier_report, tiers, trace, training, training_report)
 from dlio_ckpt_ext.dlio.mpi import SharingGroups, Topology, abort, launcher_stream, topology, user_terminal
-from dlio_ckpt_ext.dlio.ownership import Folder, Lease
+from dlio_ckpt_ext.dlio.ownership import Lease
 from dlio_ckpt_ext.dlio.stalls import StallWatch
 from dlio_ckpt_ext.engine.profile import (FileStats, phase_report, phase_totals, process_usage, slow_requests,
                                           usage_since)
 from dlio_ckpt_ext.errors import ConfigError
-from dlio_ckpt_ext.result_files import OWNER_FILE
 from dlio_ckpt_ext.storage import retries
-from dlio_ckpt_ext.storage.posix import read_marker_file, write_marker_file
 from dlio_ckpt_ext.checkpoint.memory import check_memory
 
 PHASES = ("save", "load")
@@ -118,13 +114,13 @@ class CheckpointSession:
                                              self.topology.cpu_share)
             self.checkpointer.tracer = trace.chunk_tracer(self.rank)
             self.checkpointer.backend.start_retry_counting()
-            self._claim_folders("output")
+            ownership.claim_folders(self, "output")
             self.checkpointer.prepare()
             self.sharing = self._sharing_groups()
         if self.config.has_tiers:
-            self._open_tier()
-        self.stall_watch = StallWatch(self.rank, self.config.streaming.stall_warning_s, self._stalled_where,
-                                      self._say_now)
+            tiers.open_for(self)
+        self.stall_watch = StallWatch(self.rank, self.config.streaming.stall_warning_s, lambda: progress.stalled_where(self),
+                                      progress.say_now)
         #: rank 0 after finalize: every rank's stalls
         self.stalls: list[dict] = []
         if self.config.is_async:
@@ -135,7 +131,7 @@ class CheckpointSession:
         interrupts.set_active(self)
         self._probe()
         with self.abort_on_error("claiming the checkpoint folder"):
-            self._claim_folders("checkpoint")
+            ownership.claim_folders(self, "checkpoint")
         c = self.config.checkpoint
         if c.num_checkpoints_write == 0 and not self.config.trains:
             # Reading an earlier run's checkpoints: check they are all there first.
@@ -157,32 +153,6 @@ class CheckpointSession:
         self.checkpointer.sharer = groups
         return groups
 
-    def _claim_folders(self, which: str) -> None:
-        """Rank 0 claims the output folder (before any checkpoint I/O) or the
-        checkpoint folder (once the storage answered) for this run
-        (dlio/ownership.py); another live run's folder stops every rank."""
-        refusal, notes = None, []
-        if self.rank == 0:
-            if self.lease is None:
-                self.lease = Lease(self.start_time)
-            if which == "output":
-                marker = os.path.join(self.output_folder, OWNER_FILE)
-                folder = Folder("workload.output.folder", self.output_folder, lambda d: write_marker_file(marker, d),
-                                lambda: read_marker_file(marker), lambda: os.unlink(marker))
-            else:
-                backend = self.checkpointer.backend
-                folder = Folder("workload.checkpoint.checkpoint_folder", backend.uri("").rstrip("/"),
-                                lambda d: backend.write_marker(OWNER_FILE, d), lambda: backend.read_marker(OWNER_FILE),
-                                lambda: backend.delete_file(OWNER_FILE))
-            try:
-                notes = self.lease.claim(folder)
-            except ConfigError as exc:
-                refusal = str(exc)
-                self.lease.release()
-        self._refuse_together(refusal, gathered=False)
-        for line in notes:
-            print(line, flush=True)
-
     def _refuse_together(self, refusal: Optional[str], gathered: bool = True) -> None:
         """Every rank stops cleanly when one refused (gathered: any rank may
         have; else rank 0 decided for all): rank 0 says the first refusal."""
@@ -194,21 +164,6 @@ class CheckpointSession:
                 sys.stderr.write(f"[ERROR] {refusal}\n")
                 sys.stderr.flush()
             raise SystemExit(2)
-
-    def _open_tier(self) -> None:
-        """The local tier, refused on every rank together (a replication that
-        cannot tile the job, another run's files, no room on a node)."""
-        try:
-            self.tier = tiers.open_local_tier(self.config, self.comm, self.topology, self.checkpointer)
-        except ConfigError as exc:
-            self._refuse_together(str(exc) if self.rank == 0 else None, gathered=False)
-        with self.abort_on_error("checking the local tier"):
-            refusal = tiers.refusal(self.tier, self.comm)
-        self._refuse_together(refusal)
-        with self.abort_on_error("preparing the local tier"):
-            self.tier.buffers()
-            if self.rank == 0:
-                self.tier_note = tiers.same_device_note(self.config, self.checkpointer)
 
     # -- failures end every rank ---------------------------------------------
     @contextlib.contextmanager
@@ -241,7 +196,7 @@ class CheckpointSession:
         # after a Ctrl-C or SIGTERM mpirun forwards no more output (measured: none
         # of these lines came through): its terminal, or its piped stderr, is told directly
         if self._interrupt_stream is None:
-            self._say_now(line)
+            progress.say_now(line)
             return
         with contextlib.suppress(OSError):
             self._interrupt_stream.write(line + "\n")
@@ -293,14 +248,7 @@ class CheckpointSession:
             print(line, flush=True)
 
     def tier_settings(self) -> dict:
-        """The tiers section as run, with the priority the persists really ran at."""
-        t = self.config.tiers
-        return {"local_root": t.local_root, "persistent_every": t.persistent_every, "replication": t.replication,
-                "replication_jump": self.tier.apart if self.tier else t.replication_jump,
-                "interval_s": self.config.persistent_interval_s,
-                "nice": self.persist_priority.get("nice", t.persistent_nice),
-                "io_class": self.persist_priority.get("io_class", t.persistent_io),
-                "same_file_system": self.tier_note is not None}
+        return tier_report.settings(self)
 
     def warnings(self) -> list[str]:
         """What a reader of the figures must know about how they were measured."""
@@ -323,13 +271,7 @@ class CheckpointSession:
             self.iterations[(step, epoch)] = iteration
         persistent = self.tier is None or self.saves_made % self.config.tiers.persistent_every == 0
         start = time.time()
-        if self.tier is not None:
-            files = self._save_tiered(epoch, step, iteration, persistent)
-        elif self.config.is_async:
-            files = self._save_async(epoch, step)
-        else:
-            files = self._checkpoint("save", epoch, step,
-                                     lambda s, e, bar: self.checkpointer.save(s, e, bar, self._barrier))
+        files = schedules.save(self, epoch, step, iteration, persistent)
         end = time.time()
         if persistent:
             self.saved.append((step, epoch))
@@ -349,74 +291,6 @@ class CheckpointSession:
         self.drain()
         return self._checkpoint("load", epoch, step, self.checkpointer.load)
 
-    def _save_async(self, epoch: int, step: int) -> list[FileStats]:
-        """Wait for the previous persist, stage, start persisting, return: what
-        blocks training. The staging copy and the wait are each measured."""
-        label = self.label(step, epoch)
-        with self.abort_on_error(f"checkpoint save {label}"), self._span("save", label):
-            start = time.time()
-            waited, wait_s = self.persister.wait()
-            staged = self.checkpointer.stage(step, epoch)
-            self.persisting_step = label
-            self.persister.start(lambda: self._persist(epoch, step), name=f"persist-{label}")
-            end = time.time()
-        self.blocked.append({"step": label, "start": start, "end": end, "waited": waited, "wait_s": wait_s,
-                             "staging_s": staged["staging_s"], "fill_s": staged["fill_s"],
-                             "blocked_s": wait_s + staged["staging_s"], "call_s": end - start,
-                             "bytes": staged["bytes"]})
-        return []
-
-    def _save_tiered(self, epoch: int, step: int, iteration: int, persistent: bool) -> list[FileStats]:
-        """Tiers: every checkpoint to the local tier in the foreground (named by
-        its training iteration, as NVRx names it), every persistent_every-th
-        also persisted to the storage under test in the background."""
-        with self.abort_on_error(f"local checkpoint save {iteration}"), self._span("local", iteration):
-            start, usage = time.time(), process_usage()
-            self.stall_watch.begin("local save", iteration)
-            try:
-                files = tiers.save_local(self.tier, iteration, self._ticking(None), self._barrier)
-            finally:
-                self.stall_watch.end()
-                self.tier.current_file = ""
-            end = time.time()
-        self.tier_records.append(metrics.local_record(iteration, files, start, end, usage_since(usage)))
-        training.io_windows().closed.append((start, end))
-        if persistent:
-            self._save_async(epoch, step)
-        return []
-
-    def _persist(self, epoch: int, step: int) -> None:
-        """The background thread: the persist is this checkpoint's save (its
-        window is what the save [METRIC] lines report). A tiered run's runs
-        at the persistent tier's priority, and rank 0 says at once when one
-        outlasts its interval."""
-        late, label = None, self.label(step, epoch)
-        if self.tier is not None:
-            t = self.config.tiers
-            self.persist_priority = lower_this_thread(t.persistent_nice, t.persistent_io)
-            if self.rank == 0:
-                late = threading.Timer(self.config.persistent_interval_s, self._say_now, [
-                    f"[WARNING] persistent save of checkpoint {label} is still running after its interval of "
-                    f"{self.config.persistent_interval_s:g} s (workload.tiers.interval_s): the next persistent "
-                    "save (or the run's end) will wait for it"])
-                late.daemon = True
-                late.start()
-        start, usage, retried = time.time(), process_usage(), self.checkpointer.backend.retry_counts()
-        busy = training.io_windows()
-        busy.open_since = start
-        try:
-            with self._span("persist", label):
-                files = self.checkpointer.persist(step, epoch, self.persister.check, self.persist_comm.Barrier)
-        finally:
-            if late is not None:
-                late.cancel()
-        end = time.time()
-        busy.closed.append((start, end))
-        busy.open_since = None
-        self.local["save"].append(metrics.local_record(label, files, start, end, usage_since(usage),
-                                                       self._retries_since(retried)))
-        self.files["save"].extend(files)
-
     def drain(self) -> None:
         """Async mode: wait for the last checkpoint to be persisted (before it is
         listed, read or reported); its wait is recorded, not charged to a save."""
@@ -427,12 +301,12 @@ class CheckpointSession:
     def _checkpoint(self, phase: str, epoch: int, step: int,
                     action: Callable[..., list[FileStats]]) -> list[FileStats]:
         label = self.label(step, epoch)
-        with self.abort_on_error(f"checkpoint {phase} {label}"), self._progress(phase, label) as bar, \
-                self._span(phase, label):
+        with self.abort_on_error(f"checkpoint {phase} {label}"), progress.progress(self, phase, label) as bar, \
+                progress.span(self, phase, label):
             start, usage, retried = time.time(), process_usage(), self.checkpointer.backend.retry_counts()
             self.stall_watch.begin(phase, label)
             try:
-                files = action(step, epoch, self._ticking(bar))
+                files = action(step, epoch, progress.ticking(self, bar))
             finally:
                 self.stall_watch.end()
             end = time.time()
@@ -462,7 +336,7 @@ class CheckpointSession:
                 records.append_window(self, phase, window)
                 print(f"[INFO] {metrics.window_line(phase, window)}", flush=True)
                 for line in metrics.throttle_warnings(phase, [window]):
-                    self._say_now(line)
+                    progress.say_now(line)
 
     def _barrier(self) -> None:
         """DCP's commit barrier: waiting for the other ranks is no stalled request."""
@@ -471,70 +345,6 @@ class CheckpointSession:
             self.comm.barrier()
         finally:
             self.stall_watch.resume()
-
-    def _ticking(self, bar: Optional[Callable[[int], None]]) -> Callable[[int], None]:
-        """The engine's per-chunk callback: the stall watch's clock, and rank 0's bar."""
-        def tick(nbytes: int) -> None:
-            self.stall_watch.progress(nbytes)
-            if bar is not None:
-                bar(nbytes)
-        return tick
-
-    def _stalled_where(self) -> str:
-        if self.tier is not None and self.tier.current_file:
-            return f"file {self.tier.backend.uri(self.tier.current_file)} (the local tier)"
-        backend = self.checkpointer.backend
-        endpoint = backend.describe().get("endpoint_url")
-        return (f"file {backend.uri(self.checkpointer.current_file)}"
-                + (f", endpoint {endpoint}" if endpoint else ""))
-
-    def _say_now(self, line: str) -> None:
-        """A line that must reach the person now: stderr, and their terminal when
-        mpirun's is one (over rank 0's progress bar, if one is drawn)."""
-        sys.stderr.write(line + "\n")
-        sys.stderr.flush()
-        term = user_terminal()
-        if term is not None and term is not sys.stdout:
-            with contextlib.suppress(OSError):
-                term.write("\r\033[K" + line + "\n")
-                term.close()
-
-    def _span(self, what: str, step: int):
-        """The trace's span of one checkpoint operation on this rank."""
-        ck = self.checkpointer
-        if what == "load":
-            size, files = ck.load_bytes(), len(ck.reads())
-        elif what == "local":
-            size, files = self.tier.bytes_per_save, len(self.tier.group)
-        else:
-            mine = ck.rank_plan(ck.rank)
-            size, files = ck.rank_bytes(ck.rank), len(mine.files) + len(mine.commit_files)
-        return trace.span(f"checkpoint.{what}", rank=self.rank, step=step, size=size, files=files)
-
-    @contextlib.contextmanager
-    def _progress(self, phase: str, step: int):
-        """Rank 0's own bytes of this checkpoint, with rate and ETA, on a terminal
-        only (a log file gets the [INFO] lines). Updated from the I/O thread once
-        per chunk; its cost is measured by bench/engine_bench.py."""
-        term = user_terminal() if self.rank == 0 else None
-        if term is None:
-            yield None
-            return
-        ck = self.checkpointer
-        c = self.config.checkpoint
-        count = c.num_checkpoints_write if phase == "save" else c.num_checkpoints_read
-        total = ck.rank_bytes(ck.rank) if phase == "save" else ck.load_bytes()
-        try:
-            width = os.get_terminal_size(term.fileno()).columns or 100
-        except OSError:
-            width = 100
-        try:
-            with tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, leave=False, file=term,
-                      ncols=width, desc=f"rank 0 {phase} {step}/{count}") as bar:
-                yield bar.update
-        finally:
-            if term is not sys.stdout:
-                term.close()
 
     def _check_inventory(self, checkpoints: list[CheckpointId], saved: bool = False) -> None:
         """Rank 0 lists once and compares with the plan; nobody else lists."""
@@ -554,9 +364,9 @@ class CheckpointSession:
         self.drain()
         c = self.config.checkpoint
         if self.config.trains:
-            self._summarise_training()
+            training_report.summarise(self)
             if c.num_checkpoints_read:
-                self._read_after_training()
+                training_report.read_after(self)
         self.end_time = time.time()
         if self.persister is not None:
             blocked = self.comm.gather(self.blocked, root=0)
@@ -610,32 +420,6 @@ class CheckpointSession:
         """The checkpoints this run put on the storage under test: planned, or in a
         training run the ones DLIO's loop asked for."""
         return self.saved if self.config.trains else self.config.checkpoints_saved()
-
-    def _summarise_training(self) -> None:
-        """Collective, once the loop is over: every rank's view of it, merged on the way to rank 0."""
-        with self.abort_on_error("summarising the training loop"):
-            merged = self.comm.reduce(training_report.rank_part(training.loop(), self.training_saves),
-                                      op=training_report.merge, root=0)
-            if self.rank == 0:
-                mode = "tiers" if self.config.has_tiers else "async" if self.config.is_async else "sync"
-                self.training_summary = training_report.training_summary(
-                    merged, training.dlio_figures(training.loop().stats), mode)
-
-    def _read_after_training(self) -> None:
-        """The newest num_checkpoints_read checkpoints the loop saved, read back
-        as DLIO's checkpoint-only read phase reads (every rank its own files,
-        between barriers): DLIO's training loop itself reads none."""
-        wanted = self.config.checkpoint.num_checkpoints_read
-        chosen = self.saved[-wanted:]
-        if self.rank == 0:
-            short = f"; only {len(self.saved)} were saved" if len(chosen) < wanted else ""
-            print(f"[INFO] reading back the {len(chosen)} newest of the {len(self.saved)} checkpoints the training "
-                  f"loop saved (checkpoint.num_checkpoints_read={wanted}{short})", flush=True)
-        for step, epoch in chosen:
-            self.comm.barrier()
-            self.load(epoch, step)
-            if self.rank_sync:
-                self.comm.barrier()
 
     def _write_results(self) -> None:
         totals = {p: phase_totals(self.files[p]) for p in PHASES}

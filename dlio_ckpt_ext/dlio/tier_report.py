@@ -89,3 +89,14 @@ def overrun_warnings(s: dict) -> list[str]:
             f"fit in their {late[0]['interval_s']:g} s interval (workload.tiers.interval_s): "
             + ", ".join(f"{r['duration_s']:.3f} s" for r in late[:8])
             + "; the storage under test cannot keep this schedule"]
+
+
+def settings(session) -> dict:
+    """The tiers section as run, with the priority the persists really ran at."""
+    t = session.config.tiers
+    return {"local_root": t.local_root, "persistent_every": t.persistent_every, "replication": t.replication,
+            "replication_jump": session.tier.apart if session.tier else t.replication_jump,
+            "interval_s": session.config.persistent_interval_s,
+            "nice": session.persist_priority.get("nice", t.persistent_nice),
+            "io_class": session.persist_priority.get("io_class", t.persistent_io),
+            "same_file_system": session.tier_note is not None}

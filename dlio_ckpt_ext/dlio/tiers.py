@@ -13,6 +13,7 @@ from dlio_ckpt_ext.config import RunConfig, local_path
 from dlio_ckpt_ext.dlio.mpi import Topology
 from dlio_ckpt_ext.engine import FileStats
 from dlio_ckpt_ext.engine.stream import Progress
+from dlio_ckpt_ext.errors import ConfigError
 
 
 def open_local_tier(config: RunConfig, comm, topo: Topology, checkpointer: Checkpointer) -> LocalTier:
@@ -54,3 +55,19 @@ def save_local(tier: LocalTier, step: int, progress: Progress, barrier: Callable
     barrier()
     tier.retire()
     return files
+
+
+def open_for(session) -> None:
+    """The local tier, refused on every rank together (a replication that
+    cannot tile the job, another run's files, no room on a node)."""
+    try:
+        session.tier = open_local_tier(session.config, session.comm, session.topology, session.checkpointer)
+    except ConfigError as exc:
+        session._refuse_together(str(exc) if session.rank == 0 else None, gathered=False)
+    with session.abort_on_error("checking the local tier"):
+        refused = refusal(session.tier, session.comm)
+    session._refuse_together(refused)
+    with session.abort_on_error("preparing the local tier"):
+        session.tier.buffers()
+        if session.rank == 0:
+            session.tier_note = same_device_note(session.config, session.checkpointer)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Optional
 
 from dlio_ckpt_ext.dlio.metrics import GiB, mean_std
+from dlio_ckpt_ext.dlio import training
 from dlio_ckpt_ext.dlio.training import TrainingLoop
 
 
@@ -105,3 +106,33 @@ def training_lines(s: dict) -> list[str]:
         lines.append(f"  {'loader during / otherwise':28s} {s['loader_during_save_ratio']:.3f}x (the save's "
                      "interference on the data loader's reads)")
     return lines
+
+
+# -- a training run's end, on every rank (`session`: the CheckpointSession) ------------------
+
+
+def summarise(session) -> None:
+    """Collective, once the loop is over: every rank's view of it, merged on the way to rank 0."""
+    with session.abort_on_error("summarising the training loop"):
+        merged = session.comm.reduce(rank_part(training.loop(), session.training_saves),
+                                  op=merge, root=0)
+        if session.rank == 0:
+            mode = "tiers" if session.config.has_tiers else "async" if session.config.is_async else "sync"
+            session.training_summary = training_summary(
+                merged, training.dlio_figures(training.loop().stats), mode)
+
+def read_after(session) -> None:
+    """The newest num_checkpoints_read checkpoints the loop saved, read back
+    as DLIO's checkpoint-only read phase reads (every rank its own files,
+    between barriers): DLIO's training loop itself reads none."""
+    wanted = session.config.checkpoint.num_checkpoints_read
+    chosen = session.saved[-wanted:]
+    if session.rank == 0:
+        short = f"; only {len(session.saved)} were saved" if len(chosen) < wanted else ""
+        print(f"[INFO] reading back the {len(chosen)} newest of the {len(session.saved)} checkpoints the training "
+              f"loop saved (checkpoint.num_checkpoints_read={wanted}{short})", flush=True)
+    for step, epoch in chosen:
+        session.comm.barrier()
+        session.load(epoch, step)
+        if session.rank_sync:
+            session.comm.barrier()
