@@ -112,6 +112,9 @@ class CheckpointConfig:
     # slices); each rank shards with world / replicas others (docs/layouts.md)
     replicas: int = 1
     keep_files: bool = True                       # False: delete the checkpoints after the run
+    # latest: a load restores the newest whole checkpoint in the folder, found as the
+    # layout's framework finds it on restart (docs/recovery.md); "": the steps in turn
+    resume: str = ""
     checkpoint_mechanism_classname: str = MECHANISM_CLASS  # the class DLIO loads: this package's
     # DLIO 2.0.0 reads these for its training-loop checkpoints; accepted so a
     # workload can still set them, unused by the checkpoint-only workflow.
@@ -197,6 +200,13 @@ class TiersConfig:
 
 
 @dataclass
+class RecoveryConfig:
+    # A tiered run's recovery (docs/recovery.md): these ranks stand for replaced nodes,
+    # their local folders emptied before the read; their parts come from peers or storage
+    lost_ranks: list = field(default_factory=list)
+
+
+@dataclass
 class GoodputConfig:
     # The GOODPUT block (docs/goodput.md): what this run's checkpoint figures cost a training
     # job at its scale and at the nodes named, under this failure model.
@@ -215,6 +225,7 @@ class WorkloadSections:
     storage: StorageConfig = field(default_factory=StorageConfig)
     model_load: ModelLoadConfig = field(default_factory=ModelLoadConfig)
     tiers: TiersConfig = field(default_factory=TiersConfig)
+    recovery: RecoveryConfig = field(default_factory=RecoveryConfig)
     goodput: GoodputConfig = field(default_factory=GoodputConfig)
 
 
@@ -258,7 +269,7 @@ class RunConfig:
         """The checkpoint the load-th load reads: its own number, but for model
         loads, which load the same published weights again and again: the
         publishes in turn (the one an earlier run made, when this run makes none)."""
-        if not self.is_model_load:
+        if not self.is_model_load or self.checkpoint.resume:
             return load
         return (load - 1) % (self.checkpoint.num_checkpoints_write or 1) + 1
 
@@ -312,6 +323,16 @@ class RunConfig:
     @property
     def has_tiers(self) -> bool:
         return bool(self.tiers.local_root)
+
+    @property
+    def recovers(self) -> bool:
+        """A load is a recovery: the newest whole checkpoint found first (resume=latest,
+        or a tiered run's read, which also chooses its tier)."""
+        return bool(self.checkpoint.num_checkpoints_read) and (self.checkpoint.resume == "latest" or self.has_tiers)
+
+    @property
+    def recovery(self) -> RecoveryConfig:
+        return self.sections.recovery
 
     @property
     def persistent_interval_s(self) -> float:
@@ -430,7 +451,8 @@ def _positive(key: str, value: Any) -> None:
 
 def load_config(workload: DictConfig | dict, comm_size: int) -> RunConfig:
     """Validate our sections of `workload` for a job of comm_size ranks."""
-    given = {k: workload[k] for k in ("model", "checkpoint", "streaming", "storage", "model_load", "tiers", "goodput")
+    given = {k: workload[k] for k in ("model", "checkpoint", "streaming", "storage", "model_load", "tiers", "recovery",
+                                    "goodput")
              if k in workload}
     for section in given.values():
         if isinstance(section, DictConfig):
@@ -506,6 +528,7 @@ def load_config(workload: DictConfig | dict, comm_size: int) -> RunConfig:
         raise ConfigError("workload.streaming.gen_threads", st.gen_threads, "0 (automatic) or more")
 
     _check_restore(c, comm_size)
+    _check_recovery(s, comm_size)
     _check_goodput(s.goodput)
     read_size = _check_model_load(s, layout, read_size)
     training_s = training_between_checkpoints(workload, c)
@@ -692,16 +715,39 @@ def _check_tiers(s: WorkloadSections, layout: Layout, training_s: float, trains:
         raise ConfigError("workload.checkpoint.num_checkpoints_write", c.num_checkpoints_write,
                           f"at least tiers.persistent_every ({t.persistent_every}): a tiered run saves at least "
                           "one persistent checkpoint")
-    if c.num_checkpoints_read:
+    if c.num_checkpoints_read > 1:
         raise ConfigError("workload.checkpoint.num_checkpoints_read", c.num_checkpoints_read,
-                          "0 with tiers: a tiered run measures saves; read its persistent checkpoints in a run "
-                          "without tiers")
+                          "0 or 1 with tiers: a tiered run's read is its recovery, from the tier Megatron would "
+                          "choose (docs/recovery.md)")
     checkpoints = local_path(join_root(str(s.storage.storage_root), c.checkpoint_folder))
     local = os.path.realpath(t.local_root)
     if checkpoints is not None and (os.path.commonpath([local, checkpoints]) in (local, checkpoints)):
         raise ConfigError("workload.tiers.local_root", t.local_root,
                           f"a folder outside the checkpoint folder {checkpoints} and not holding it: each tier's "
                           "files would be counted among the other's")
+
+
+#: checkpoint.resume: the steps in turn, or the newest whole checkpoint as a restarting job finds it
+RESUMES = ("", "latest")
+
+
+def _check_recovery(s: WorkloadSections, comm_size: int) -> None:
+    """checkpoint.resume and workload.recovery: one restore of the newest, lost ranks of this job."""
+    c, lost = s.checkpoint, s.recovery.lost_ranks
+    if c.resume not in RESUMES:
+        raise ConfigError("workload.checkpoint.resume", c.resume, '"" (the steps in turn) or latest')
+    if c.resume and c.num_checkpoints_read != 1:
+        raise ConfigError("workload.checkpoint.num_checkpoints_read", c.num_checkpoints_read,
+                          "1 with resume=latest (a restarting job restores once)")
+    if not lost:
+        return
+    if not isinstance(lost, list) or not all(isinstance(r, int) and not isinstance(r, bool) and 0 <= r < comm_size
+                                             for r in lost) or len(set(lost)) != len(lost):
+        raise ConfigError("workload.recovery.lost_ranks", lost, f"a list of distinct ranks from 0 to {comm_size - 1}")
+    if not s.tiers.local_root or c.num_checkpoints_read != 1:
+        raise ConfigError("workload.recovery.lost_ranks", lost,
+                          "[] unless a tiered run (tiers.local_root) recovers (num_checkpoints_read=1): only the "
+                          "local tier loses what a replaced node held")
 
 
 def _check_restore(c: CheckpointConfig, comm_size: int) -> None:

@@ -117,6 +117,9 @@ def measured(s: dict, interval_s: Optional[float] = None) -> dict:
     and the interval, with where each came from."""
     save, load = s["save"], s["load"]
     restore = load.get("duration_s_mean") if load.get("checkpoints") else None
+    # a recovery's time to resume (discovery included) is a restore as a failed job makes it
+    resumed = {r["tier"]: r["time_to_resume_s"] for r in s.get("recovery") or []}
+    restore = resumed.get("persistent", restore)
     said = []
     if restore is None:
         restore = save["duration_s_mean"]
@@ -126,9 +129,12 @@ def measured(s: dict, interval_s: Optional[float] = None) -> dict:
     if tiers:
         settings = tiers["settings"]
         staging = _mean([r["staging_s"] for r in tiers["persistent"] if "staging_s" in r]) or 0.0
-        local = Tier(tiers["local_s_mean"] or 0.0, 0.0, tiers["local_s_mean"] or 0.0)
+        local_restore = resumed.get("local")
+        if local_restore is None:
+            local_restore = tiers["local_s_mean"] or 0.0
+            said.append("a local restore assumed as long as a local save")
+        local = Tier(tiers["local_s_mean"] or 0.0, 0.0, local_restore)
         persistent = Tier(staging, save["duration_s_mean"], restore, every=settings["persistent_every"])
-        said.append("a local restore assumed as long as a local save")
         kind, parts = "tiers", [local, persistent]
         interval = settings.get("interval_s") or None
     elif s.get("async"):
@@ -149,7 +155,7 @@ def measured(s: dict, interval_s: Optional[float] = None) -> dict:
     return {"kind": kind, "tiers": parts, "interval_s": float(interval) if interval else None, "notes": said}
 
 
-def at_scale(inputs: dict, run_nodes: int, nodes: int) -> list[goodput.Tier]:
+def at_scale(inputs: dict, run_nodes: int, nodes: int) -> list[Tier]:
     """Each tier's times at `nodes`: the checkpoint's bytes spread over the nodes, at the
     bandwidth a node had in this run (assumed to hold per node)."""
     f = run_nodes / nodes

@@ -36,6 +36,7 @@ BENCHES = {
     "training_bench": "DLIO's training loop without checkpoints and with sync, async and tiered saves: AU and step time",
     "trace_bench": "tracing cost",
     "scale_bench": "requests, start-up, end and output size as the ranks grow",
+    "discovery_bench": "requests finding the newest whole checkpoint, by layout and ranks",
     "plan_bench": "the plan command's time for each layout at 1,024 and 16,384 ranks",
     "cpu_bench": "client CPU per GiB against raw references",
 }

@@ -31,6 +31,8 @@ SECTIONS = [
     ("Storage", "workload.storage", "config.py", "StorageConfig"),
     ("Model loads", "workload.model_load", "config.py", "ModelLoadConfig"),
     ("Tiers", "workload.tiers", "config.py", "TiersConfig"),
+    ("Recovery", "workload.recovery", "config.py", "RecoveryConfig"),
+    ("Goodput", "workload.goodput", "config.py", "GoodputConfig"),
     ("storage_options for local_fs, parallel_fs and direct_fs", "workload.storage.storage_options",
      "storage/posix.py", "PosixOptions"),
     ("storage_options for s3", "workload.storage.storage_options", "storage/objstore.py", "ObjectOptions"),
@@ -74,7 +76,10 @@ def _default(value: ast.expr | None, constants: dict[str, str]) -> str:
     if isinstance(value, ast.Call) and getattr(value.func, "id", "") == "field":
         for kw in value.keywords:
             if kw.arg == "default_factory":
-                return "{}" if getattr(kw.value, "id", "") == "dict" else "(section)"
+                if isinstance(kw.value, ast.Lambda):  # a list's default, e.g. lambda: [1024, 2048]
+                    return ast.unparse(kw.value.body)
+                return "{}" if getattr(kw.value, "id", "") == "dict" else "[]" if getattr(kw.value, "id", "") == \
+                    "list" else "(section)"
     return ast.unparse(value)
 
 

@@ -167,6 +167,19 @@ def test_the_report_reads_each_schedule_s_figures_and_scales_them_per_node():
     assert any("restart outside storage      0 s (not given)" in line for line in two)
 
 
+def test_a_recovery_s_time_to_resume_is_the_restore_of_its_tier():
+    from dlio_ckpt_ext.goodput import measured
+    tiers = {"local_s_mean": 4.0, "persistent": [{"staging_s": 1.0}],
+             "settings": {"persistent_every": 5, "interval_s": 120}}
+    local = measured(record(tiers=tiers, recovery=[{"tier": "local", "time_to_resume_s": 1.5}]))
+    assert local["tiers"] == [goodput.Tier(4.0, 0.0, 1.5), goodput.Tier(1.0, 20.0, 10.0, every=5)]
+    assert not any("local restore assumed" in n for n in local["notes"])
+    persistent = measured(record(tiers=tiers, recovery=[{"tier": "persistent", "time_to_resume_s": 12.5}]))
+    assert persistent["tiers"] == [goodput.Tier(4.0, 0.0, 4.0), goodput.Tier(1.0, 20.0, 12.5, every=5)]
+    resumed = measured(record(load={}, recovery=[{"tier": "persistent", "time_to_resume_s": 7.0}]), 600.0)
+    assert resumed["tiers"] == [goodput.Tier(20.0, 0.0, 7.0)] and not resumed["notes"]
+
+
 def test_a_run_without_an_interval_is_asked_for_one():
     from dlio_ckpt_ext.goodput import goodput_lines, scales
     from dlio_ckpt_ext.report.goodput_report import goodput_report

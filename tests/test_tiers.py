@@ -76,10 +76,11 @@ def test_the_interval_is_dlio_s_training_time_between_persistent_saves_unless_gi
             "checkpoint": {"checkpoint_folder": str(tmp_path / "c"), "num_checkpoints_write": 7,
                            "num_checkpoints_read": 0, "steps_between_checkpoints": 20}}), 2)
         assert trained.persistent_interval_s == 3 * 20 * 0.5
-    with pytest.raises(ConfigError, match="workload.checkpoint.num_checkpoints_read=1; allowed: 0 with tiers"):
+    with pytest.raises(ConfigError, match="workload.checkpoint.num_checkpoints_read=2; allowed: 0 or 1 with tiers: "
+                                          "a tiered run's read is its recovery"):
         load_config(OmegaConf.create({"model": SHAPE, "tiers": {"local_root": str(tmp_path / "l"), "interval_s": 1},
                                       "checkpoint": {"checkpoint_folder": str(tmp_path / "c"),
-                                                     "num_checkpoints_write": 5, "num_checkpoints_read": 1}}), 2)
+                                                     "num_checkpoints_write": 5, "num_checkpoints_read": 2}}), 2)
 
 
 def part(rank: int) -> int:

@@ -16,8 +16,9 @@ from typing import Callable, Optional
 
 from dlio_ckpt_ext.shared_plans import tier_plan
 from dlio_ckpt_ext.config import RunConfig
-from dlio_ckpt_ext.engine import BufferPool, ContentSpec, FileStats, derive_seed, send_file
+from dlio_ckpt_ext.engine import BufferPool, ContentSpec, FileStats, derive_seed, load_file, send_file
 from dlio_ckpt_ext.engine.stream import Progress
+from dlio_ckpt_ext.engine.transfer import receive_part, send_part
 from dlio_ckpt_ext.engine.threads import ThreadBudget
 from dlio_ckpt_ext.storage import open_backend
 
@@ -51,10 +52,15 @@ class LocalTier:
         self.cpu_share = cpu_share
         self.backend = open_backend("local_fs", t.local_root, {}, cfg.checkpoint.fsync, cpu_share)
         self.pool: Optional[BufferPool] = None
+        self.read_pool: Optional[BufferPool] = None
         #: the iterations whole in this rank's folder, oldest first
         self.kept: list[int] = []
         #: the file being written now (its path below the local root), for whoever must name it (a stall)
         self.current_file = ""
+
+    def clique(self, rank: int) -> tuple[int, ...]:
+        """The ranks that keep `rank`'s part (its replication group), `rank` first."""
+        return tier_plan.group(rank, self.cfg.tiers.replication, self.apart)
 
     @property
     def bytes_per_save(self) -> int:
@@ -88,6 +94,50 @@ class LocalTier:
         if self.pool is None:
             self.pool = BufferPool(self.cfg.streaming.pool_depth, self.cfg.chunk_size)
         return self.pool
+
+    def read_buffers(self) -> BufferPool:
+        """A recovery's reads: a buffer per request in flight, one being verified and a spare."""
+        if self.read_pool is None:
+            self.read_pool = BufferPool(self.cfg.read_parallelism + 2, self.cfg.read_size)
+            self.read_pool.scratch(2 * self.cfg.read_size)  # a piece received, and its expected bytes
+        return self.read_pool
+
+    def held(self) -> set[tuple[int, int]]:
+        """(iteration, owner) of every whole part in this rank's folder: one listing (NVRx's find_latest)."""
+        return {p for n in self.backend.children(self.folder) if (p := tier_plan.parse_local(n)) is not None}
+
+    def lose(self) -> int:
+        """A replaced node's empty disk: every file in this rank's folder deleted. Returns files deleted."""
+        names = self.backend.children(self.folder)
+        self.kept = []
+        return self.backend.delete_files([f"{self.folder}/{n}" for n in names])
+
+    def _path(self, step: int, owner: int) -> str:
+        return f"{self.folder}/{tier_plan.local_name(step, owner)}"
+
+    def _expected(self, step: int, owner: int) -> Optional[ContentSpec]:
+        return self.content(step, owner) if self.cfg.streaming.verify else None
+
+    def read_part(self, step: int, owner: int, progress: Progress = None) -> FileStats:
+        """Read `owner`'s part of iteration `step` from this rank's folder, verified when asked."""
+        return load_file(self.backend, self._path(step, owner), self.part(owner), self.read_buffers(),
+                         self._expected(step, owner), self.cfg.read_parallelism, self.threads.current, progress,
+                         self.cfg.read_size)
+
+    def send_part(self, step: int, owner: int, send: Callable[[memoryview], None],
+                  progress: Progress = None) -> FileStats:
+        """Read `owner`'s part from this rank's folder and send it piece by piece to the rank that lost it."""
+        return send_part(self.backend, self._path(step, owner), self.part(owner), self.read_buffers(),
+                         self.cfg.read_size, send, progress)
+
+    def receive_part(self, step: int, recv: Callable[[memoryview], None], progress: Progress = None) -> FileStats:
+        """This rank's own part of iteration `step`, received from its holder piece by piece, verified when asked."""
+        size = self.cfg.read_size
+        both = self.read_buffers().scratch(2 * size)
+        piece, expected = both[:size], both[size:2 * size]
+        return receive_part(f"{self.backend.uri(self._path(step, self.rank))} (from its holder)", self.part(self.rank),
+                            self.cfg.read_size, recv, piece, self._expected(step, self.rank), expected,
+                            self.threads.current, progress)
 
     def content(self, step: int, owner: int) -> ContentSpec:
         st = self.cfg.streaming
@@ -125,6 +175,7 @@ class LocalTier:
         return removed
 
     def close(self) -> None:
-        if self.pool is not None:
-            self.pool.close()
-            self.pool = None
+        for pool in (self.pool, self.read_pool):
+            if pool is not None:
+                pool.close()
+        self.pool = self.read_pool = None

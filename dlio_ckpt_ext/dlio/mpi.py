@@ -122,3 +122,16 @@ class _GroupBroadcast:
     def bcast(self, buf: memoryview, root: int) -> None:
         from mpi4py import MPI
         self.comm.Bcast([buf, MPI.BYTE], root=root)
+
+
+def sharing_groups(checkpointer, config, comm) -> Optional[SharingGroups]:
+    """share=broadcast: every group this rank reads a range with, made now
+    (outside the windows) in the order every rank takes them."""
+    if not checkpointer.shares() or not config.checkpoint.num_checkpoints_read:
+        return None
+    groups = SharingGroups(comm)
+    for members, _ in checkpointer.share_groups():
+        if len(members) > 1:
+            groups(members)
+    checkpointer.sharer = groups
+    return groups

@@ -212,6 +212,8 @@ def write_run_record(session: CheckpointSession, reports: dict) -> list[str]:
                            "persistent_are": "the save figures (save.per_checkpoint): each persistent save's window"}
     if session.training_summary is not None:
         record["training"] = session.training_summary
+    if session.recovery_summary:
+        record["recovery"] = session.recovery_summary
     g = session.config.sections.goodput
     record["goodput"] = goodput.scales(record, g.nodes, g.failures_per_node_day, g.restart_s, g.interval_s or None,
                                        None if g.local_share < 0 else g.local_share)

@@ -3,7 +3,7 @@ blocks (TRAINING, TIERS, async), each phase's figures, the restore, the
 generator threads and the warnings."""
 from __future__ import annotations
 
-from dlio_ckpt_ext.dlio import metrics, run_warnings, tier_report, training_report
+from dlio_ckpt_ext.dlio import metrics, recovery_report, run_warnings, tier_report, training_report
 
 PHASES = ("save", "load")
 
@@ -41,6 +41,8 @@ def lines(self, reports: dict) -> list[str]:
         self.restore = ck.layout.summary(self.config.shape, self.config.parallelism, ck.job,
                                          self.config.read_size, self.config.checkpoint.share)
         lines += metrics.restore_lines(self.restore, self.windows["load"])
+    if self.recovery_summary:
+        lines += recovery_report.recovery_lines(self.recovery_summary)
     budget = self.checkpointer.threads.describe()
     if self.local["save"]:
         how = (f"adaptive: the fewest keeping generation >= {budget['target_margin']:g}x I/O, up to "

@@ -23,9 +23,11 @@ from dlio_ckpt_ext.checkpoint.background import BackgroundPersist
 from dlio_ckpt_ext.checkpoint.local_tier import LocalTier
 from dlio_ckpt_ext.checkpoint.checkpointer import Checkpointer, inventory_error
 from dlio_ckpt_ext.config import CheckpointId, RunConfig, load_config
-from dlio_ckpt_ext.dlio import (interrupts, metrics, ownership, progress, records, results_lines, run_warnings,
+from dlio_ckpt_ext.dlio import (interrupts, metrics, ownership, progress, records, recovery_report, results_lines,
+                               run_warnings,
                                schedules, tier_report, tiers, trace, training, training_report)
-from dlio_ckpt_ext.dlio.mpi import SharingGroups, Topology, abort, launcher_stream, topology, user_terminal
+from dlio_ckpt_ext.dlio.mpi import (SharingGroups, Topology, abort, launcher_stream, sharing_groups, topology,
+                                   user_terminal)
 from dlio_ckpt_ext.dlio.ownership import Lease
 from dlio_ckpt_ext.dlio.stalls import StallWatch
 from dlio_ckpt_ext.engine.profile import (FileStats, phase_report, phase_totals, process_usage, slow_requests,
@@ -82,6 +84,9 @@ class CheckpointSession:
         self.tiers_summary: Optional[dict] = None
         self.persist_priority: dict = {}
         self.tier_note: Optional[str] = None
+        #: recoveries: this rank's record of each (schedules/recovery.py); rank 0 after finalize: RECOVERY
+        self.recoveries: list[dict] = []
+        self.recovery_summary: Optional[list[dict]] = None
         #: share=broadcast: the groups of ranks reading the same ranges
         self.sharing: Optional[SharingGroups] = None
         #: the step persisting in the background (async mode)
@@ -116,7 +121,7 @@ class CheckpointSession:
             self.checkpointer.backend.start_retry_counting()
             ownership.claim_folders(self, "output")
             self.checkpointer.prepare()
-            self.sharing = self._sharing_groups()
+            self.sharing = sharing_groups(self.checkpointer, self.config, comm)
         if self.config.has_tiers:
             tiers.open_for(self)
         self.stall_watch = StallWatch(self.rank, self.config.streaming.stall_warning_s, lambda: progress.stalled_where(self),
@@ -133,25 +138,13 @@ class CheckpointSession:
         with self.abort_on_error("claiming the checkpoint folder"):
             ownership.claim_folders(self, "checkpoint")
         c = self.config.checkpoint
-        if c.num_checkpoints_write == 0 and not self.config.trains:
+        if c.num_checkpoints_write == 0 and not self.config.trains and not self.config.recovers:
             # Reading an earlier run's checkpoints: check they are all there first.
             self._check_inventory([(s, 1) for s in self.config.steps_read()])
         if self.rank == 0:
             with self.abort_on_error("writing the run's marker"):
                 records.write_running(self)
             self._announce()
-
-    def _sharing_groups(self) -> Optional[SharingGroups]:
-        """share=broadcast: every group this rank reads a range with, made now
-        (outside the windows) in the order every rank takes them."""
-        if not self.checkpointer.shares() or not self.config.checkpoint.num_checkpoints_read:
-            return None
-        groups = SharingGroups(self.comm)
-        for members, _ in self.checkpointer.share_groups():
-            if len(members) > 1:
-                groups(members)
-        self.checkpointer.sharer = groups
-        return groups
 
     def _refuse_together(self, refusal: Optional[str], gathered: bool = True) -> None:
         """Every rank stops cleanly when one refused (gathered: any rank may
@@ -288,8 +281,7 @@ class CheckpointSession:
         return self.iterations.get((step, epoch), step)
 
     def load(self, epoch: int, step: int) -> list[FileStats]:
-        self.drain()
-        return self._checkpoint("load", epoch, step, self.checkpointer.load)
+        return schedules.load(self, epoch, step)
 
     def drain(self) -> None:
         """Async mode: wait for the last checkpoint to be persisted (before it is
@@ -390,6 +382,10 @@ class CheckpointSession:
                 self.tiers_summary = tier_report.tiers_summary(
                     self.tier_windows, self.windows["save"], self.config.persistent_interval_s, self.size,
                     self.async_summary["per_checkpoint"])
+        if self.config.recovers:
+            gathered = self.comm.gather(self.recoveries, root=0)
+            if self.rank == 0:
+                self.recovery_summary = recovery_report.summarise(gathered)
         if self.saved_checkpoints():
             self._check_inventory(self.saved_checkpoints(), saved=True)
         with self.abort_on_error("writing the results"):

@@ -69,5 +69,7 @@ def open_for(session) -> None:
     session._refuse_together(refused)
     with session.abort_on_error("preparing the local tier"):
         session.tier.buffers()
+        if session.config.recovers:
+            session.tier.read_buffers()
         if session.rank == 0:
             session.tier_note = same_device_note(session.config, session.checkpointer)

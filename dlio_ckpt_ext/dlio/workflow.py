@@ -127,6 +127,9 @@ class CheckpointOnlyBenchmark:
                        self.mechanism.session.config.has_tiers else "async")
                 print(f"[INFO] checkpoint {phase} {step}/{count}: returned after {end - start:.4f} s (rank 0's "
                       f"time; {how}: persisting goes on in the background)", flush=True)
+            elif self.rank == 0 and phase == "load" and self.mechanism.session.config.recovers:
+                print(f"[INFO] checkpoint recovery {step}/{count}: returned after {end - start:.4f} s (rank 0's time; "
+                      "RECOVERY says which tier served it and the time to resume)", flush=True)
             elif self.rank == 0:
                 print(f"[INFO] checkpoint {phase} {step}/{count}: {size_gib:.3f} GiB in {end - start:.4f} s "
                       f"= {size_gib / (end - start):.4f} GiB/s (rank 0's time)", flush=True)

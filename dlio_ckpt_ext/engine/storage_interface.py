@@ -138,6 +138,10 @@ class Backend(ABC):
         """A small file's bytes, or None when there is none."""
         raise NotImplementedError
 
+    def exists(self, path: str) -> bool:
+        """Whether file `path` is there: one stat or HEAD, as a framework probes a commit marker."""
+        raise NotImplementedError
+
     def open_uploads(self) -> list[dict]:
         """Uploads left unfinished below the root, [{key, upload_id, initiated}] (key
         relative to the bucket or container), where the storage can list them."""

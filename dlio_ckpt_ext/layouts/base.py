@@ -4,11 +4,13 @@ what its framework does differently; the rest of the package asks a layout
 object (layouts.get) and never compares a layout's name."""
 from __future__ import annotations
 
+import re
 from functools import lru_cache
 from typing import Iterable, Optional
 
 from dlio_ckpt_ext.shared_plans import load_plan, plan
 from dlio_ckpt_ext.errors import ConfigError
+from dlio_ckpt_ext.recovery import discovery
 from dlio_ckpt_ext.shared_plans.load_plan import LoadJob, ReadRange
 from dlio_ckpt_ext.shared_plans.plan import ModelShape, Parallelism, RankPlan
 
@@ -76,6 +78,19 @@ class Layout:
         checkpoint (the tracker, scripts), with its content, in writing order."""
         tracker = self.tracker(step)
         return (tracker,) if tracker else ()
+
+    def step_of(self, name: str) -> Optional[tuple[int, int]]:
+        """(step, epoch) of a checkpoint folder named `name`; None for any other entry."""
+        return _named(self.checkpoint_dir, name)
+
+    def staged_step_of(self, name: str) -> Optional[tuple[int, int]]:
+        """(step, epoch) of a checkpoint folder still under its temporary name (never committed)."""
+        return _named(self.staging_dir, name)
+
+    def find_latest(self, look: discovery.Look, expected: dict[str, int]) -> discovery.Latest:
+        """The newest whole checkpoint below the folder, found as the layout's
+        framework finds it on restart; expected: one checkpoint's files and sizes."""
+        return discovery.by_listing(self, look, expected)
 
     def facts(self, m: ModelShape, p: Parallelism, world: int) -> list[str]:
         """What the plan command says of the save's structure beyond files and
@@ -255,6 +270,21 @@ class Layout:
                 "rank_bytes_min": min(rank_bytes), "rank_bytes_max": max(rank_bytes),
                 "per_rank": [{"rank": rank, "bytes": b, "requests": q, "ranges": len(reads)}
                              for rank, b, q, reads in per_rank]}
+
+
+_STEP, _EPOCH = 1234567, 7654321
+
+
+def _named(name_of, name: str) -> Optional[tuple[int, int]]:
+    """Read a folder's name back through the function that makes it (step, epoch) -> name."""
+    sample = name_of(_STEP, _EPOCH)
+    if sample is None:
+        return None
+    pattern = re.escape(sample).replace(str(_STEP), r"(?P<step>\d+)", 1).replace(str(_EPOCH), r"(?P<epoch>\d+)", 1)
+    m = re.fullmatch(pattern, name)
+    if m is None:
+        return None
+    return int(m["step"]), int(m["epoch"]) if "epoch" in m.groupdict() else 1
 
 
 @lru_cache(maxsize=8192)

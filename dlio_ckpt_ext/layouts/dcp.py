@@ -15,6 +15,7 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Iterable
 
+from dlio_ckpt_ext.recovery import discovery
 from dlio_ckpt_ext.shared_plans import load_plan, plan
 from dlio_ckpt_ext.errors import ConfigError
 from dlio_ckpt_ext.layouts.base import Layout
@@ -26,6 +27,8 @@ from dlio_ckpt_ext.shared_plans.plan import ModelShape, Parallelism, RankPlan, S
 METADATA_ENTRY_BYTES = 200
 #: DCP's FileSystemWriter writes `.metadata.tmp`, fsyncs it and renames it (finish())
 METADATA_TMP = ".tmp"
+#: the commit: rank 0 writes it last, and a restart trusts a step folder that holds it
+METADATA = ".metadata"
 #: what DCP saves per parameter for Adam: the parameter and its two moments
 STATE_ENTRIES = 3
 #: the FileSystemWriter saves each item with torch.save (SerializationFormat.TORCH_SAVE):
@@ -128,6 +131,10 @@ class DCP(Layout):
     def checkpoint_dir(self, step: int, epoch: int = 1) -> str:
         return f"step-{step}"
 
+    def find_latest(self, look: discovery.Look, expected: dict[str, int]) -> discovery.Latest:
+        # torchtitan's _find_load_step, on every rank ("not remote friendly", its own comment)
+        return discovery.by_probe(self, look, (METADATA, "model.safetensors.index.json"))
+
     def check(self, m: ModelShape, p: Parallelism, comm_size: int) -> None:
         for key, val in (("model.parallelism.tensor", p.tensor), ("model.parallelism.pipeline", p.pipeline)):
             if val != 1:
@@ -139,7 +146,7 @@ class DCP(Layout):
         files = (ShardFile(f"__{rank}_0.distcp", file_bytes(m, world, rank), "state"),)
         commit = ()
         if rank == 0:
-            commit = (ShardFile(".metadata", metadata_bytes(m, world), "metadata", tmp_suffix=METADATA_TMP),)
+            commit = (ShardFile(METADATA, metadata_bytes(m, world), "metadata", tmp_suffix=METADATA_TMP),)
         return RankPlan(rank, rank, 0, 0, 0, files, commit)
 
     def metadata_reads(self, m: ModelShape, p: Parallelism, job: LoadJob) -> list[ReadRange]:

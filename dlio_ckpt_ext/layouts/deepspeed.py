@@ -12,6 +12,9 @@ the `bf16_` prefix of a bf16 run's optimizer files, and at the save root
 `latest` and the two recovery scripts. OPEN only: CLOSED writes DLIO's."""
 from __future__ import annotations
 
+from typing import Optional
+
+from dlio_ckpt_ext.recovery import discovery
 from dlio_ckpt_ext.shared_plans import load_plan, plan
 from dlio_ckpt_ext.layouts.base import Layout
 from dlio_ckpt_ext.shared_plans.load_plan import LoadJob, ReadRange
@@ -163,6 +166,15 @@ class DeepSpeedFiles(DeepSpeed):
 
     def tracker(self, step: int) -> tuple[str, bytes]:
         return "latest", self.checkpoint_dir(step).encode()
+
+    def find_latest(self, look: discovery.Look, expected: dict[str, int]) -> discovery.Latest:
+        # load_checkpoint(tag=None) reads `latest` on every rank
+        # then the tag's mp_rank_* model files globbed
+        return discovery.by_tracker(self, look, "latest", self._tagged_step, expected, lambda look, tag: look.list(tag))
+
+    def _tagged_step(self, text: bytes) -> Optional[int]:
+        found = self.step_of(text.decode(errors="replace").strip())
+        return found[0] if found else None
 
     def root_files(self, step: int) -> tuple[tuple[str, bytes], ...]:
         return (self.tracker(step),) + tuple((name, _stand_in(name, size)) for name, size in RECOVERY_SCRIPTS)

@@ -29,8 +29,9 @@ import bisect
 import json
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Iterable
+from typing import Iterable, Optional
 
+from dlio_ckpt_ext.recovery import discovery
 from dlio_ckpt_ext.shared_plans import load_plan, plan
 from dlio_ckpt_ext.errors import ConfigError
 from dlio_ckpt_ext.layouts.base import Layout
@@ -58,6 +59,20 @@ METADATA_ITEM_BYTES = 313
 #: max(40M, 1M x DP) parameters (DistributedDataParallelConfig.bucket_size's default)
 BUCKET_PARAMETERS, BUCKET_PARAMETERS_PER_DP = 40_000_000, 1_000_000
 TRACKER = "latest_checkpointed_iteration.txt"
+
+
+def _format_probes(look, name: str) -> None:
+    """_get_checkpoint_format on every rank: the iteration folder listed, then
+    check_is_distributed_checkpoint's metadata.json probed and read."""
+    look.list(name)
+    if look.exists(f"{name}/metadata.json"):
+        look.read(f"{name}/metadata.json")
+
+
+def _iteration(text: bytes) -> Optional[int]:
+    """The tracker's iteration (Megatron's read_metadata; "release" and anything else: none)."""
+    value = text.decode(errors="replace").strip()
+    return int(value) if value.isdigit() else None
 #: Megatron pads the vocabulary to a multiple of this x tensor parallelism (--make-vocab-size-divisible-by)
 VOCAB_DIVISOR = 128
 #: the distributed optimizer's states per parameter: fp32 main parameter, exp_avg, exp_avg_sq
@@ -253,6 +268,10 @@ class Megatron(Layout):
     def tracker(self, step: int) -> tuple[str, bytes]:
         """The file at the save root naming the last whole checkpoint, and its content."""
         return TRACKER, str(step).encode()
+
+    def find_latest(self, look: discovery.Look, expected: dict[str, int]) -> discovery.Latest:
+        # read_metadata on every rank, then the max all-reduce of _load_base_checkpoint
+        return discovery.by_tracker(self, look, TRACKER, _iteration, expected, _format_probes)
 
     def check(self, m: ModelShape, p: Parallelism, comm_size: int) -> None:
         if p.mode != "default":

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Iterable, Optional
 
+from dlio_ckpt_ext.recovery import discovery
 from dlio_ckpt_ext.shared_plans import load_plan, plan
 from dlio_ckpt_ext.errors import ConfigError
 from dlio_ckpt_ext.layouts.base import Layout
@@ -70,6 +71,7 @@ MANIFEST_BYTES, MANIFEST_VERSION_BYTES = 94, 42
 LOCK_SUFFIX = ".__lock"
 #: the 0-d arrays of MaxText's state (the step, Adam's and the schedule's counts): inline
 SCALARS = ("step", "opt_state.0.count", "opt_state.2.count")
+CHECKPOINT_METADATA, COMMIT_SUCCESS = "_CHECKPOINT_METADATA", "commit_success.txt"
 #: commit_success.txt: Orbax writes it on every storage, naming the folder it commits
 COMMIT_TEXT = "Checkpoint commit was successful to {}"
 #: fixed nanosecond times in _CHECKPOINT_METADATA (a real one holds two 19-digit times)
@@ -346,6 +348,11 @@ class Orbax(Layout):
     def item_staging(self) -> Optional[tuple[str, str]]:
         return ITEM, f"{ITEM}{TMP_SUFFIX}"
 
+    def find_latest(self, look: discovery.Look, expected: dict[str, int]) -> discovery.Latest:
+        # a folder renamed from its temporary name is committed; where nothing is renamed, commit_success.txt says so
+        marker = None if look.backend.has_directories else COMMIT_SUCCESS
+        return discovery.by_commit(self, look, marker, CHECKPOINT_METADATA)
+
     def subdirs(self, m: ModelShape, p: Parallelism, world: int) -> list[str]:
         return [ITEM, f"{ITEM}/d", f"{ITEM}/array_metadatas"] + [
             d for r in range(world) for d in (f"{ITEM}/ocdbt.process_{r}", f"{ITEM}/ocdbt.process_{r}/d")]
@@ -379,7 +386,7 @@ class Orbax(Layout):
         mesh = _mesh(p, world)
         replica, fsdp_rank = mesh.position(mesh.of_process(rank)[0])
         manifest = f"{ITEM}/ocdbt.process_{rank}/manifest.ocdbt"
-        files = [_text("_CHECKPOINT_METADATA", checkpoint_metadata())] if rank == 0 else []
+        files = [_text(CHECKPOINT_METADATA, checkpoint_metadata())] if rank == 0 else []
         for version, ((name, size), (_, chunks)) in enumerate(zip(data_files(m, p, world, rank),
                                                                    _commits(m, p, world, rank)), start=1):
             files += [ShardFile(name, size, "state" if chunks else "metadata"),
@@ -393,8 +400,8 @@ class Orbax(Layout):
                       ShardFile(f"{ITEM}/manifest.ocdbt", ROOT_MANIFEST_BYTES, "metadata", tmp_suffix=LOCK_SUFFIX),
                       _text(f"{ITEM}/_METADATA", item_metadata(m, p, world)),
                       _text(f"{ITEM}/commit_success.txt", COMMIT_TEXT.format(f"{ITEM}").encode()),
-                      _text("_CHECKPOINT_METADATA", checkpoint_metadata()),
-                      _text("commit_success.txt", COMMIT_TEXT.format(".").encode()))
+                      _text(CHECKPOINT_METADATA, checkpoint_metadata()),
+                      _text(COMMIT_SUCCESS, COMMIT_TEXT.format(".").encode()))
         return RankPlan(rank, replica, 0, 0, fsdp_rank, tuple(files), commit)
 
     def facts(self, m: ModelShape, p: Parallelism, world: int) -> list[str]:
@@ -407,7 +414,7 @@ class Orbax(Layout):
     def metadata_reads(self, m: ModelShape, p: Parallelism, job: LoadJob) -> list[ReadRange]:
         """What every process opens first: the step's and the item's metadata, the
         merged root manifest and B-tree (its leaves point into the process files)."""
-        wanted = ("_CHECKPOINT_METADATA", f"{ITEM}/_METADATA", f"{ITEM}/manifest.ocdbt")
+        wanted = (CHECKPOINT_METADATA, f"{ITEM}/_METADATA", f"{ITEM}/manifest.ocdbt")
         commit = self.saved(m, p, job, 0).commit_files
         return [load_plan.whole(f, 0) for f in commit if f.name in wanted or f.name.startswith(f"{ITEM}/d/")]
 

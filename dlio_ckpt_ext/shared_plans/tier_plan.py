@@ -11,7 +11,8 @@ deleted once the new one is whole on every rank: two iterations at most.
 """
 from __future__ import annotations
 
-from typing import Callable
+import re
+from typing import Callable, Optional
 
 from dlio_ckpt_ext.errors import ConfigError
 
@@ -22,6 +23,15 @@ ITERATIONS_KEPT = 2
 def local_name(step: int, rank: int, dirty: bool = False) -> str:
     """The local file of `rank`'s part of iteration `step` (its name while written, when dirty)."""
     return f"iter_{step:07d}_{rank}_local{'.dirty' if dirty else ''}.pt"
+
+
+_LOCAL = re.compile(r"iter_(?P<step>\d{7,})_(?P<rank>\d+)_local\.pt")
+
+
+def parse_local(name: str) -> Optional[tuple[int, int]]:
+    """(iteration, owner) of a whole local file's name; None for a .dirty one or anything else."""
+    m = _LOCAL.fullmatch(name)
+    return (int(m["step"]), int(m["rank"])) if m else None
 
 
 def rank_folder(rank: int) -> str:

@@ -210,6 +210,16 @@ class CloudBackend(Backend):
         with self.errors(path, "cannot read"):
             return self._get(self.key(path))
 
+    def exists(self, path: str) -> bool:
+        """One request for the object's properties."""
+        try:
+            self._size(self.key(path))
+        except Exception as exc:  # noqa: BLE001 - the SDKs' errors have no common base
+            if self.classify(exc)[0] == "missing":
+                return False
+            raise storage_error(self.uri(path), "cannot stat", exc, self.classify, self.endpoint, 0.0) from None
+        return True
+
     def write_concurrency(self, chunk_size: int) -> dict:
         return {"requests_in_flight": blocks_in_flight(self.scheme, self.opts), "request_bytes": chunk_size,
                 "note": "per object, one block per chunk"}

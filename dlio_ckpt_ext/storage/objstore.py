@@ -317,6 +317,18 @@ class ObjectBackend(Backend):
     def read_marker(self, path: str) -> Optional[bytes]:
         return bucket.get(self.uri(path)) if self.scheme == "s3" else read_marker_file(self._local(path))
 
+    def exists(self, path: str) -> bool:
+        """S3: one HEAD."""
+        if self.scheme != "s3":
+            return os.path.isfile(self._local(path))
+        try:
+            s3dlio.stat(self.uri(path))
+        except Exception as exc:  # noqa: BLE001
+            if isinstance(exc, s3dlio.ObjectNotFoundError) or _NOT_FOUND.search(str(exc)):
+                return False
+            raise _error(self.uri(path), "cannot stat", exc) from exc
+        return True
+
     def delete_file(self, path: str) -> bool:
         uri = self.uri(path)
         try:

@@ -253,6 +253,9 @@ class PosixBackend(Backend):
     def read_marker(self, path: str) -> Optional[bytes]:
         return read_marker_file(self._path(path))
 
+    def exists(self, path: str) -> bool:
+        return os.path.isfile(self._path(path))
+
     def delete_file(self, path: str) -> bool:
         try:
             os.unlink(self._path(path))

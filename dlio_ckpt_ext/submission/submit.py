@@ -123,6 +123,9 @@ def check_closed_rules(sub: Submission, cfg: RunConfig, can_drop_cache: bool, ra
         out.append(f"4.6.3 checkpoint.restore={c.restore}, share={c.share}, saved_ranks={c.saved_ranks}: CLOSED "
                    "reads back each rank's own files (restore=own, share=none, saved at the same ranks); "
                    "other restores are OPEN")
+    if c.resume:
+        out.append(f"4.6.3 checkpoint.resume={c.resume}: CLOSED reads the checkpoints in turn; a restart's search "
+                   "for the newest whole one is OPEN")
     if not can_drop_cache:
         for i, host in enumerate(sub.hosts):
             ranks = range(i * sub.ranks_per_host, (i + 1) * sub.ranks_per_host)

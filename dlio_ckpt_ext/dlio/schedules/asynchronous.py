@@ -1,30 +1,18 @@
-"""The save schedules behind a session's save (one small interface: save(session,
-epoch, step, iteration, persistent) -> the files written in the foreground):
-synchronous (the save is the checkpoint's window), asynchronous (stage, then
-persist in the background: the blocked time and the persist measured apart),
-and tiered (every save to the local tier in the foreground, every
-persistent_every-th also persisted in the background)."""
+"""The asynchronous schedule: a save stages the rank's state and returns; a
+background thread persists it while training goes on (torchtitan's
+async_mode, Megatron's persistent save), the blocked time and the persist
+measured apart."""
 from __future__ import annotations
 
 import threading
 import time
 
 from dlio_ckpt_ext.checkpoint.priority import lower_this_thread
-from dlio_ckpt_ext.dlio import metrics, progress, tiers, training
+from dlio_ckpt_ext.dlio import metrics, progress, training
 from dlio_ckpt_ext.engine.profile import FileStats, process_usage, usage_since
 
 
-def save(session, epoch: int, step: int, iteration: int, persistent: bool) -> list[FileStats]:
-    """The schedule the run's settings choose (`session`: the CheckpointSession)."""
-    if session.tier is not None:
-        return save_tiered(session, epoch, step, iteration, persistent)
-    if session.config.is_async:
-        return save_async(session, epoch, step)
-    return session._checkpoint("save", epoch, step,
-                               lambda s, e, bar: session.checkpointer.save(s, e, bar, session._barrier))
-
-
-def save_async(session, epoch: int, step: int) -> list[FileStats]:
+def save(session, epoch: int, step: int, iteration: int = 0, persistent: bool = True) -> list[FileStats]:
     """Wait for the previous persist, stage, start persisting, return: what
     blocks training. The staging copy and the wait are each measured."""
     label = session.label(step, epoch)
@@ -39,25 +27,6 @@ def save_async(session, epoch: int, step: int) -> list[FileStats]:
                          "staging_s": staged["staging_s"], "fill_s": staged["fill_s"],
                          "blocked_s": wait_s + staged["staging_s"], "call_s": end - start,
                          "bytes": staged["bytes"]})
-    return []
-
-def save_tiered(session, epoch: int, step: int, iteration: int, persistent: bool) -> list[FileStats]:
-    """Tiers: every checkpoint to the local tier in the foreground (named by
-    its training iteration, as NVRx names it), every persistent_every-th
-    also persisted to the storage under test in the background."""
-    with session.abort_on_error(f"local checkpoint save {iteration}"), progress.span(session, "local", iteration):
-        start, usage = time.time(), process_usage()
-        session.stall_watch.begin("local save", iteration)
-        try:
-            files = tiers.save_local(session.tier, iteration, progress.ticking(session, None), session._barrier)
-        finally:
-            session.stall_watch.end()
-            session.tier.current_file = ""
-        end = time.time()
-    session.tier_records.append(metrics.local_record(iteration, files, start, end, usage_since(usage)))
-    training.io_windows().closed.append((start, end))
-    if persistent:
-        save_async(session, epoch, step)
     return []
 
 def persist(session, epoch: int, step: int) -> None:
