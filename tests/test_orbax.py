@@ -243,3 +243,21 @@ def test_a_save_with_4_devices_a_rank_restores_verified_at_another_world_size(tm
                             num_checkpoints_write=0, num_checkpoints_read=1, devices_per_rank=4)
     assert load_verified(readers) == ORBAX.summary(readers[0].cfg.shape, readers[0].cfg.parallelism,
                                                    readers[0].job, readers[0].cfg.read_size)["bytes_read"]
+
+
+def test_a_commit_past_the_target_size_goes_on_in_next_files_without_a_manifest_between():
+    """The 8B on one process of 8 devices: 33 data files, most cut at the 2 GiB
+    target; the process manifest is rewritten once a commit (3 metadata commits,
+    the 2 flushes, the end), not once a file."""
+    m = plan.ModelShape(32, 4096, 14336, 128256, 32, 8, "bf16", "fp32")
+    p = plan.Parallelism(1, 1, 0, None, "default", "orbax", devices=8)
+    rp = layouts.of(p).rank_plan(m, p, 1, 0)
+    names = [f.name for f in rp.files]
+    data = [f for f in rp.files if f.name.startswith("items/ocdbt.process_0/d/")]
+    manifests = [i for i, n in enumerate(names) if n.endswith("manifest.ocdbt")]
+    assert len(data) == 33 and len(manifests) == orbax.METADATA_COMMITS + len(orbax.FLUSHES[0]) + 1
+    assert all(rp.files[i].tmp_suffix == orbax.LOCK_SUFFIX for i in manifests)
+    # within a commit, every file but its last reached the target before the next began
+    ends = {i - 1 for i in manifests}
+    assert all(f.size >= orbax.TARGET_DATA_FILE_BYTES for i, f in enumerate(rp.files)
+               if f in data and i not in ends)

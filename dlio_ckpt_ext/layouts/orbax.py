@@ -207,32 +207,37 @@ def process_chunks(m: ModelShape, p: Parallelism, world: int, rank: int) -> tupl
 
 
 @lru_cache(maxsize=8192)
-def _commits(m: ModelShape, p: Parallelism, world: int, rank: int) -> tuple[tuple[int, tuple[Chunk, ...]], ...]:
-    """Process `rank`'s OCDBT commits, in order: (size of the file each writes, the
-    stored chunks in it). Process 0 first commits the arrays' zarr.json entries in
-    METADATA_COMMITS small files; then every process flushes its chunks in a
-    file a commit, cut at its FLUSHES shares of its bytes (and at the target
-    size), each ending with its B-tree node so far, padded to DATA_FILE_ALIGN."""
-    out: list[tuple[int, tuple[Chunk, ...]]] = []
+def _commits(m: ModelShape, p: Parallelism, world: int, rank: int) -> tuple[tuple[int, tuple[Chunk, ...], bool], ...]:
+    """Process `rank`'s data files, in order: (size, the stored chunks in it, whether
+    an OCDBT commit ends with it). Process 0 first commits the arrays' zarr.json
+    entries in METADATA_COMMITS small files, a commit each; then every process
+    flushes its chunks, a commit at each of its FLUSHES shares of its bytes and at
+    the end; a commit's bytes past the target size go on in a next file of the
+    same commit (no manifest between them). Each file ends with its B-tree node
+    so far, padded to DATA_FILE_ALIGN."""
+    out: list[tuple[int, tuple[Chunk, ...], bool]] = []
     if rank == 0:
-        out += [(METADATA_COMMIT_BYTES[min(k, 1)], ()) for k in range(METADATA_COMMITS)]
+        out += [(METADATA_COMMIT_BYTES[min(k, 1)], (), True) for k in range(METADATA_COMMITS)]
     chunks = process_chunks(m, p, world, rank)
     total = sum(c.stored for c in chunks)
     cuts = [share * total for share in FLUSHES[min(rank, 1)]]
     files: list[list[Chunk]] = [[]]
+    commits: list[bool] = []  # per file but the last: whether a commit ended with it
     size = done = 0
     for c in chunks:
-        if c.stored and files[-1] and (size >= TARGET_DATA_FILE_BYTES or (cuts and done >= cuts[0])):
+        flush = bool(cuts) and done >= cuts[0]
+        if c.stored and files[-1] and (size >= TARGET_DATA_FILE_BYTES or flush):
             files.append([])
+            commits.append(flush)
             size = 0
             cuts = [x for x in cuts if x > done]
         files[-1].append(c)
         size, done = size + c.stored, done + c.stored
     entries = 0
-    for f in files:
+    for f, ends in zip(files, commits + [True]):
         entries += len(f)
         raw = sum(c.stored for c in f) + btree_bytes(process_chunks(m, p, world, rank)[:entries], leaves(m))
-        out.append((-(-raw // DATA_FILE_ALIGN) * DATA_FILE_ALIGN, tuple(c for c in f if c.stored)))
+        out.append((-(-raw // DATA_FILE_ALIGN) * DATA_FILE_ALIGN, tuple(c for c in f if c.stored), ends))
     return tuple(out)
 
 
@@ -240,7 +245,7 @@ def _commits(m: ModelShape, p: Parallelism, world: int, rank: int) -> tuple[tupl
 def data_files(m: ModelShape, p: Parallelism, world: int, rank: int) -> tuple[tuple[str, int], ...]:
     """(name, size) of process `rank`'s data files, one a commit, in writing order."""
     base = f"{ITEM}/ocdbt.process_{rank}/d/"
-    return tuple((base + data_file_name(rank, k), size) for k, (size, _) in enumerate(_commits(m, p, world, rank)))
+    return tuple((base + data_file_name(rank, k), size) for k, (size, *_) in enumerate(_commits(m, p, world, rank)))
 
 
 def process_manifest_bytes(version: int) -> int:
@@ -258,7 +263,7 @@ def btree_bytes(chunks: Iterable[Chunk], all_leaves: tuple[Leaf, ...]) -> int:
 def chunk_places(m: ModelShape, p: Parallelism, world: int, rank: int) -> dict[tuple[int, int, int], tuple[str, int, int]]:
     """(leaf, shard, piece) -> (data file, offset, stored bytes) of process `rank`'s stored chunks."""
     out = {}
-    for (name, _), (_, chunks) in zip(data_files(m, p, world, rank), _commits(m, p, world, rank)):
+    for (name, _), (_, chunks, _) in zip(data_files(m, p, world, rank), _commits(m, p, world, rank)):
         used = 0
         for c in chunks:
             out[(c.leaf, c.shard, c.piece)] = (name, used, c.stored)
@@ -387,10 +392,13 @@ class Orbax(Layout):
         replica, fsdp_rank = mesh.position(mesh.of_process(rank)[0])
         manifest = f"{ITEM}/ocdbt.process_{rank}/manifest.ocdbt"
         files = [_text(CHECKPOINT_METADATA, checkpoint_metadata())] if rank == 0 else []
-        for version, ((name, size), (_, chunks)) in enumerate(zip(data_files(m, p, world, rank),
-                                                                   _commits(m, p, world, rank)), start=1):
-            files += [ShardFile(name, size, "state" if chunks else "metadata"),
-                      ShardFile(manifest, process_manifest_bytes(version), "metadata", tmp_suffix=LOCK_SUFFIX)]
+        version = 0
+        for (name, size), (_, chunks, ends) in zip(data_files(m, p, world, rank), _commits(m, p, world, rank)):
+            files.append(ShardFile(name, size, "state" if chunks else "metadata"))
+            if ends:  # the commit's manifest, rewritten through its lock file
+                version += 1
+                files.append(ShardFile(manifest, process_manifest_bytes(version), "metadata",
+                                       tmp_suffix=LOCK_SUFFIX))
         files.append(_text(f"{ITEM}/array_metadatas/process_{rank}", array_metadatas(m, p, world)))
         commit: tuple[ShardFile, ...] = ()
         if rank == 0:

@@ -39,7 +39,8 @@ def load(session, epoch: int, step: int) -> list[FileStats]:
             choice = choose_local(comm.allgather(tier.held()), tier.clique)
             requests["local LIST"] = 1
     found_at = time.time()
-    persistent = latest.checkpoint[0] if latest.checkpoint else None
+    # compared as training iterations (a training run's DLIO names carry the epoch's own step)
+    persistent = session.label(*latest.checkpoint) if latest.checkpoint else None
     chosen, why = choose_tier(choice, persistent) if choice is not None else \
         ("persistent", "checkpoint.resume=latest")
     if session.rank == 0 and latest.warning():
