@@ -205,7 +205,7 @@ def goodput_lines(g: Optional[dict]) -> list[str]:
              f"{g['interval_s']:g} s"]
     if g["kind"] == "tiers":
         p = g["tiers"][1]
-        lines.append(f"  {'persistent tier':28s} every {p['every']}th save: stall {p['stall_s']:.3f} s, durable "
+        lines.append(f"  {'persistent tier':28s} one save in {p['every']}: stall {p['stall_s']:.3f} s, durable "
                      f"{p['lag_s']:.3f} s after, restore {p['restore_s']:.3f} s")
     lines += [f"  note: {n}" for n in g["notes"]]
     lines.append("  at other scales: the checkpoint's bytes spread over the nodes, each node's bandwidth this "

@@ -121,10 +121,11 @@ def test_training_run_with_async_saves_drains_and_cleans_up(workdir):
     assert not (workdir / "data").exists()
 
 
-def test_training_run_with_tiers_persists_every_kth_save(workdir):
+def test_training_run_with_tiers_persists_every_kth_save_and_recovers_a_lost_rank_from_its_peer(workdir):
     local = workdir / "local"
     run = train(workdir, f"++workload.tiers.local_root={local}", "++workload.tiers.persistent_every=2",
-                "++workload.tiers.replication_jump=1", "++workload.checkpoint.num_checkpoints_read=0")
+                "++workload.tiers.replication_jump=1", "++workload.checkpoint.num_checkpoints_read=1",
+                "++workload.recovery.lost_ranks=[1]", "++workload.streaming.verify=True")
     persistent = [n for i, n in enumerate(sorted(DLIO_NAMES, key=lambda n: (int(n[12]), int(n.split("step")[1]))))
                   if (i + 1) % 2 == 0]
     assert sorted(p.name for p in (workdir / "ckpt").iterdir()) == sorted(persistent)
@@ -135,3 +136,11 @@ def test_training_run_with_tiers_persists_every_kth_save(workdir):
     t = check_training_block(run, "tiers")
     assert len(run.record()["save"]["per_checkpoint"]) == len(persistent)
     assert t["checkpoints"][-1]["iteration"] == last
+    # after training, the recovery: the last iteration is local and as new as the last persistent
+    # save (compared as training iterations: DLIO named that one epoch 2, step 8); rank 1's part
+    # crosses from rank 0, which holds its copy; rank 1's folder stays empty
+    [r] = run.record()["recovery"]
+    assert (r["tier"], r["step"], r["moved_to"], r["storage_bytes"]) == ("local", last, [1], 0)
+    assert r["moved_bytes"] == tiny_files()["zero_pp_rank_1_mp_rank_00_model_states.pt"] + \
+        tiny_files()["zero_pp_rank_1_mp_rank_00_optim_states.pt"]
+    assert not list((local / "1").iterdir())

@@ -43,7 +43,7 @@ class Checkpointer:
         #: what this run's loads read: pattern, world size, the saved one (load_plan)
         self.job = cfg.load_job(comm_size, ranks_per_node)
         self._reads: Optional[tuple[load_plan.ReadRange, ...]] = None
-        self._prefixes: dict[int, dict[str, bytes]] = {}
+        self._by_name: dict[int, dict[str, plan.ShardFile]] = {}
         self._groups: Optional[list[tuple[tuple[int, ...], list[load_plan.ReadRange]]]] = None
         #: share=broadcast: makes the group of ranks reading a range (the DLIO layer's, over MPI)
         self.sharer: Optional[Callable[[tuple[int, ...]], Broadcast]] = None
@@ -145,7 +145,8 @@ class Checkpointer:
         bytes); 0: incompressible bytes (the default, and metadata)."""
         if self.cfg.streaming.content != "tensors":
             return 0
-        kind = next((f.kind for f in self.rank_plan(rank).all_files if f.name == name), "metadata")
+        planned = self._named_files(rank).get(name)
+        kind = planned.kind if planned else "metadata"
         dtype = {"model": self.cfg.shape.model_datatype, "weights": self.cfg.shape.model_datatype,
                  "optimizer": self.cfg.shape.optimizer_datatype, "state": self.cfg.shape.optimizer_datatype}.get(kind)
         size = plan.DTYPE_BYTES.get(dtype, 0) if dtype else 0
@@ -154,9 +155,15 @@ class Checkpointer:
     def prefix(self, rank: int, name: str) -> bytes:
         """The bytes file `name` of saved rank `rank` starts with, not generated
         (a header, an index); b"" for most files."""
-        if rank not in self._prefixes:
-            self._prefixes[rank] = {f.name: f.prefix for f in self.rank_plan(rank).all_files if f.prefix}
-        return self._prefixes[rank].get(name, b"")
+        planned = self._named_files(rank).get(name)
+        return planned.prefix if planned else b""
+
+    def _named_files(self, rank: int) -> dict[str, plan.ShardFile]:
+        """Saved rank `rank`'s files by name (a file written again stands once, as it ends),
+        kept: every file a rank writes or reads asks for its prefix and its numbers."""
+        if rank not in self._by_name:
+            self._by_name[rank] = {f.name: f for f in self.rank_plan(rank).all_files}
+        return self._by_name[rank]
 
     def expected_sizes(self, checkpoints: list[CheckpointId]) -> dict[str, int]:
         """Every file of the given checkpoints, all ranks, path -> size."""

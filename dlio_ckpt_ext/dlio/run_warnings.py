@@ -36,20 +36,20 @@ def runs(values: list[int]) -> str:
     return ", ".join(f"{v} x{n}" for v, n in out)
 
 
-def warnings(self) -> list[str]:
-    """What a reader of a run's figures must know about how they were measured (`self`: the session)."""
+def warnings(session) -> list[str]:
+    """What a reader of a run's figures must know about how they were measured (`session`: the CheckpointSession)."""
     out = []
-    c, backend = self.config.checkpoint, self.checkpointer.backend
-    if not self.rank_sync:
+    c, backend = session.config.checkpoint, session.checkpointer.backend
+    if not session.rank_sync:
         out.append("[WARNING] checkpoint.rank_sync is False: DLIO times each checkpoint on rank 0 alone; "
                    "the global windows (first rank's start to last rank's close) are in "
                    f"{records.RECORD_FILE}")
-    if self.config.is_async and self.dlio_reports_metrics and c.num_checkpoints_write:
-        how = "workload.tiers" if self.config.has_tiers else "checkpoint.async_mode=async"
+    if session.config.is_async and session.dlio_reports_metrics and c.num_checkpoints_write:
+        how = "workload.tiers" if session.config.has_tiers else "checkpoint.async_mode=async"
         out.append(f"[WARNING] {how}: DLIO's own [METRIC] save lines time the save call "
                    "(generating the content, staging, waiting for the previous persist), not storage; the "
                    "storage figures are the 'Checkpoint persist' lines, "
-                   + ("the local saves and the foreground's cost the TIERS block" if self.config.has_tiers
+                   + ("the local saves and the foreground's cost the TIERS block" if session.config.has_tiers
                       else "the blocked time the 'save blocked' lines"))
     if c.num_checkpoints_write and backend.writes_may_be_cached:
         out.append("[WARNING] save figures may measure the page cache, not the storage "
@@ -60,19 +60,19 @@ def warnings(self) -> list[str]:
     if trace.enabled() and not trace.keeps_arguments():
         out.append("[WARNING] DFTRACER_ENABLE=1 without DFTRACER_INC_METADATA=1: dftracer drops every event's "
                    "arguments, so the trace has times but no bytes, files, steps or ranks; set both")
-    if self.starved_steps:
-        out.append(generation_limited_warning(self.starved_steps, self.topology))
-    if c.num_checkpoints_write and backend.chunk_warning(self.config.chunk_size):
-        out.append(backend.chunk_warning(self.config.chunk_size))
-    for phase, cpu in self.client_cpu.items():
+    if session.starved_steps:
+        out.append(generation_limited_warning(session.starved_steps, session.topology))
+    if c.num_checkpoints_write and backend.chunk_warning(session.config.chunk_size):
+        out.append(backend.chunk_warning(session.config.chunk_size))
+    for phase, cpu in session.client_cpu.items():
         out += metrics.client_cpu_warning(phase, cpu)
-    out += metrics.stall_warnings(self.stalls)
-    if self.tiers_summary is not None:
-        out += tier_report.overrun_warnings(self.tiers_summary)
+    out += metrics.stall_warnings(session.stalls)
+    if session.tiers_summary is not None:
+        out += tier_report.overrun_warnings(session.tiers_summary)
     for phase in PHASES:
-        out += metrics.throttle_warnings(phase, self.windows[phase])
-    if c.recovery_rank_shift and self.checkpointer.source_rank() == self.rank:
+        out += metrics.throttle_warnings(phase, session.windows[phase])
+    if c.recovery_rank_shift and session.checkpointer.source_rank() == session.rank:
         out.append("[WARNING] checkpoint.recovery_rank_shift=True shifts nothing here: all "
-                   f"{self.size} ranks are on one node (the shift is by ranks per node), so every rank "
+                   f"{session.size} ranks are on one node (the shift is by ranks per node), so every rank "
                    "reads its own files")
     return out
