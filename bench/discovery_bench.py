@@ -83,7 +83,7 @@ def look(layout: str, folder: str, bucket: str) -> None:
     cfg = config(layout, folder, comm.size, bucket, num_checkpoints_write=0, num_checkpoints_read=1, resume="latest")
     ck = Checkpointer(cfg, comm.rank, comm.size, comm.size)
     lk = discovery.Look(ck.backend, comm.rank, lambda v: comm.allreduce(v, op=MPI.MAX), lambda v: comm.bcast(v, root=0))
-    latest = ck.layout.find_latest(lk, ck.checkpoint_files())
+    latest = ck.layout.find_latest(lk, ck.checkpoint_files)
     counted = comm.gather(lk.requests, root=0)
     if comm.rank == 0:
         print(json.dumps({"found": latest.name, "skipped": latest.skipped, "requests": counted}), flush=True)

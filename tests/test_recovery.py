@@ -67,7 +67,7 @@ def saved(tmp_path: Path, layout: str, steps: int = 3) -> tuple[Path, Checkpoint
 def test_the_newest_whole_checkpoint_is_found(tmp_path, layout):
     folder, ck = saved(tmp_path, layout)
     look = discovery.Look(ck.backend, 0)
-    latest = ck.layout.find_latest(look, ck.checkpoint_files())
+    latest = ck.layout.find_latest(look, ck.checkpoint_files)
     assert (latest.checkpoint, latest.name, latest.skipped) == ((3, 1), ck.directory(3), [])
     assert latest.warning() is None
     assert sum(look.requests.values()) >= 1
@@ -77,7 +77,7 @@ def test_the_newest_whole_checkpoint_is_found(tmp_path, layout):
 def test_a_half_written_newest_checkpoint_is_passed_over_and_named(tmp_path, layout):
     folder, ck = saved(tmp_path, layout)
     left = killed_during(folder, ck, 3)
-    latest = ck.layout.find_latest(discovery.Look(ck.backend, 0), ck.checkpoint_files())
+    latest = ck.layout.find_latest(discovery.Look(ck.backend, 0), ck.checkpoint_files)
     assert (latest.checkpoint, latest.name, latest.skipped) == ((2, 1), ck.directory(2), [left])
     assert latest.warning() == (f"[WARNING] half-written checkpoint {left} skipped (no commit, or files missing or "
                                 f"short): restoring {ck.directory(2)}")
@@ -100,14 +100,14 @@ REQUESTS = {
 def test_each_framework_makes_its_own_requests(tmp_path, layout):
     folder, ck = saved(tmp_path, layout)
     look = discovery.Look(ck.backend, 0)
-    ck.layout.find_latest(look, ck.checkpoint_files())
+    ck.layout.find_latest(look, ck.checkpoint_files)
     assert look.requests == REQUESTS[layout]
 
 
 def test_without_any_whole_checkpoint_nothing_is_found_and_the_half_written_one_is_named(tmp_path):
     folder, ck = saved(tmp_path, "dcp", steps=1)
     left = killed_during(folder, ck, 1)
-    latest = ck.layout.find_latest(discovery.Look(ck.backend, 0), ck.checkpoint_files())
+    latest = ck.layout.find_latest(discovery.Look(ck.backend, 0), ck.checkpoint_files)
     assert (latest.checkpoint, latest.skipped) == (None, [left])
     assert latest.warning().endswith(": no whole checkpoint found")
 
@@ -148,12 +148,12 @@ def test_the_local_tier_is_chosen_as_megatron_chooses_it():
     clique = lambda r: tier_plan.group(r, 2, 1)  # noqa: E731  (0, 1) and (2, 3)
     whole = lambda it: [{(it, r) for r in clique(h)} for h in range(4)]  # noqa: E731
     nothing_lost = choose_local(whole(4), clique)
-    assert (nothing_lost.iteration, nothing_lost.moved()) == (4, [])
+    assert (nothing_lost.iteration, nothing_lost.moved) == (4, [])
     assert choose_tier(nothing_lost, 4) == ("local", "every part held locally (0 from a peer)")
     one_lost = whole(4)
     one_lost[1] = set()
     choice = choose_local(one_lost, clique)
-    assert (choice.iteration, choice.moved()) == (4, [(1, 0)])
+    assert (choice.iteration, choice.moved) == (4, [(1, 0)])
     # an older local iteration loses to a newer persistent step; a whole clique lost sends every rank there
     assert choose_tier(choice, 6)[0] == "persistent"
     clique_lost = whole(4)
@@ -184,3 +184,18 @@ def test_impossible_recoveries_are_refused_naming_the_key(tmp_path, settings, ke
     with pytest.raises(ConfigError) as refused:
         load_config(OmegaConf.create(given), 4)
     assert str(refused.value).startswith(f"invalid config: {key}; allowed: {allowed}")
+
+
+def test_a_listing_of_many_objects_counts_a_request_a_page():
+    class Bucket:  # what a discovery asks of an object store, with 2,500 objects below one checkpoint
+        has_directories = False
+
+        def list_sizes(self, directory):
+            return {f"{directory}/f{i}": 1 for i in range(2500)}
+
+        def children(self, directory):
+            return ["step-1"]
+
+    look = discovery.Look(Bucket(), 0)
+    assert len(look.sizes("step-1")) == 2500 and look.list() == ["step-1"]
+    assert look.requests == {"LIST": 3 + 1}  # ListObjectsV2 answers 1,000 keys a page

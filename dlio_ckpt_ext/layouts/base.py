@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 from functools import lru_cache
-from typing import Iterable, Optional
+from typing import Callable, Iterable, Optional
 
 from dlio_ckpt_ext.shared_plans import load_plan, plan
 from dlio_ckpt_ext.errors import ConfigError
@@ -87,9 +87,10 @@ class Layout:
         """(step, epoch) of a checkpoint folder still under its temporary name (never committed)."""
         return _named(self.staging_dir, name)
 
-    def find_latest(self, look: discovery.Look, expected: dict[str, int]) -> discovery.Latest:
+    def find_latest(self, look: discovery.Look, expected: Callable[[], dict[str, int]]) -> discovery.Latest:
         """The newest whole checkpoint below the folder, found as the layout's
-        framework finds it on restart; expected: one checkpoint's files and sizes."""
+        framework finds it on restart; expected(): one checkpoint's files and sizes
+        (every rank's plan: asked for only where the framework's way needs it)."""
         return discovery.by_listing(self, look, expected)
 
     def facts(self, m: ModelShape, p: Parallelism, world: int) -> list[str]:

@@ -13,7 +13,7 @@ ranks after 0, where DCP's deduplication put them."""
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import Iterable
+from typing import Callable, Iterable
 
 from dlio_ckpt_ext.recovery import discovery
 from dlio_ckpt_ext.shared_plans import load_plan, plan
@@ -131,7 +131,7 @@ class DCP(Layout):
     def checkpoint_dir(self, step: int, epoch: int = 1) -> str:
         return f"step-{step}"
 
-    def find_latest(self, look: discovery.Look, expected: dict[str, int]) -> discovery.Latest:
+    def find_latest(self, look: discovery.Look, expected: Callable[[], dict[str, int]]) -> discovery.Latest:
         # torchtitan's _find_load_step, on every rank ("not remote friendly", its own comment)
         return discovery.by_probe(self, look, (METADATA, "model.safetensors.index.json"))
 

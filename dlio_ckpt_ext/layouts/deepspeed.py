@@ -12,7 +12,7 @@ the `bf16_` prefix of a bf16 run's optimizer files, and at the save root
 `latest` and the two recovery scripts. OPEN only: CLOSED writes DLIO's."""
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
 from dlio_ckpt_ext.recovery import discovery
 from dlio_ckpt_ext.shared_plans import load_plan, plan
@@ -167,7 +167,7 @@ class DeepSpeedFiles(DeepSpeed):
     def tracker(self, step: int) -> tuple[str, bytes]:
         return "latest", self.checkpoint_dir(step).encode()
 
-    def find_latest(self, look: discovery.Look, expected: dict[str, int]) -> discovery.Latest:
+    def find_latest(self, look: discovery.Look, expected: Callable[[], dict[str, int]]) -> discovery.Latest:
         # load_checkpoint(tag=None) reads `latest` on every rank
         # then the tag's mp_rank_* model files globbed
         return discovery.by_tracker(self, look, "latest", self._tagged_step, expected, lambda look, tag: look.list(tag))

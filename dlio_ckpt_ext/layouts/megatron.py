@@ -29,7 +29,7 @@ import bisect
 import json
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Iterable, Optional
+from typing import Callable, Iterable, Optional
 
 from dlio_ckpt_ext.recovery import discovery
 from dlio_ckpt_ext.shared_plans import load_plan, plan
@@ -269,7 +269,7 @@ class Megatron(Layout):
         """The file at the save root naming the last whole checkpoint, and its content."""
         return TRACKER, str(step).encode()
 
-    def find_latest(self, look: discovery.Look, expected: dict[str, int]) -> discovery.Latest:
+    def find_latest(self, look: discovery.Look, expected: Callable[[], dict[str, int]]) -> discovery.Latest:
         # read_metadata on every rank, then the max all-reduce of _load_base_checkpoint
         return discovery.by_tracker(self, look, TRACKER, _iteration, expected, _format_probes)
 

@@ -30,7 +30,7 @@ import json
 import math
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Iterable, Optional
+from typing import Callable, Iterable, Optional
 
 from dlio_ckpt_ext.recovery import discovery
 from dlio_ckpt_ext.shared_plans import load_plan, plan
@@ -353,7 +353,7 @@ class Orbax(Layout):
     def item_staging(self) -> Optional[tuple[str, str]]:
         return ITEM, f"{ITEM}{TMP_SUFFIX}"
 
-    def find_latest(self, look: discovery.Look, expected: dict[str, int]) -> discovery.Latest:
+    def find_latest(self, look: discovery.Look, expected: Callable[[], dict[str, int]]) -> discovery.Latest:
         # a folder renamed from its temporary name is committed; where nothing is renamed, commit_success.txt says so
         marker = None if look.backend.has_directories else COMMIT_SUCCESS
         return discovery.by_commit(self, look, marker, CHECKPOINT_METADATA)

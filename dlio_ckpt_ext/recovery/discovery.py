@@ -10,15 +10,17 @@ completeness judged from the listing's sizes against the plan.
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Protocol
 
 CheckpointId = tuple[int, int]  # (step, epoch)
+#: keys an object store's listing returns a page
+LIST_PAGE = 1000
 
 
 class Storage(Protocol):
     """What a discovery asks of the storage (the engine's Backend answers it)."""
+    has_directories: bool
     def children(self, directory: str) -> list[str]: ...
     def list_sizes(self, directory: str) -> dict[str, int]: ...
     def read_marker(self, path: str) -> Optional[bytes]: ...
@@ -35,18 +37,24 @@ class Look:
                  share: Callable[[object], object] = lambda v: v) -> None:
         self.backend, self.rank, self.agree_max, self.share = backend, rank, agree_max, share
         self.requests: dict[str, int] = {}
-        self.seconds = 0.0
 
     def _count(self, kind: str) -> None:
         self.requests[kind] = self.requests.get(kind, 0) + 1
 
+    def _listed(self, entries: int) -> None:
+        # an object store answers a listing 1,000 entries a page (ListObjectsV2, List Blobs)
+        pages = 1 if self.backend.has_directories else max(1, -(-entries // LIST_PAGE))
+        self.requests["LIST"] = self.requests.get("LIST", 0) + pages
+
     def list(self, directory: str = "") -> list[str]:
-        self._count("LIST")
-        return self.backend.children(directory)
+        names = self.backend.children(directory)
+        self._listed(len(names))
+        return names
 
     def sizes(self, directory: str) -> dict[str, int]:
-        self._count("LIST")
-        return self.backend.list_sizes(directory)
+        found = self.backend.list_sizes(directory)
+        self._listed(len(found))
+        return found
 
     def read(self, path: str) -> Optional[bytes]:
         self._count("GET")
@@ -74,14 +82,6 @@ class Latest:
                 f"or short): {found}")
 
 
-def timed(find: Callable[[Look], Latest], look: Look) -> Latest:
-    start = time.perf_counter()
-    try:
-        return find(look)
-    finally:
-        look.seconds = time.perf_counter() - start
-
-
 def listed(layout, names: list[str]) -> list[tuple[int, int, str]]:
     """The checkpoint folders among `names`, newest first: (step, epoch, name)."""
     found = [(*ident, n) for n in names if (ident := layout.step_of(n)) is not None]
@@ -106,15 +106,16 @@ def whole(sizes: dict[str, int], name: str, expected: dict[str, int]) -> bool:
     return all(sizes.get(f"{name}/{f}") == n for f, n in expected.items())
 
 
-def by_listing(layout, look: Look, expected: dict[str, int]) -> Latest:
+def by_listing(layout, look: Look, expected: Callable[[], dict[str, int]]) -> Latest:
     """Rank 0 lists the folder, then each candidate newest first until one holds
-    every planned file at its size; every rank gets its answer (no framework
+    every planned file at its size (expected(): one checkpoint's files, every
+    rank's, asked for on rank 0 alone); every rank gets its answer (no framework
     marker to trust: DLIO's files, Hugging Face's checkpoint-N)."""
     answer = None
     if look.rank == 0:
-        skipped, found = [], None
+        skipped, found, planned = [], None, expected()
         for step, epoch, name in listed(layout, look.list()):
-            if whole(look.sizes(name), name, expected):
+            if whole(look.sizes(name), name, planned):
                 found = (step, epoch)
                 break
             skipped.append(name)
@@ -125,7 +126,8 @@ def by_listing(layout, look: Look, expected: dict[str, int]) -> Latest:
 
 
 def by_tracker(layout, look: Look, tracker: str, parse: Callable[[bytes], Optional[int]],
-               expected: dict[str, int], opened: Callable[[Look, str], None] = lambda look, name: None) -> Latest:
+               expected: Callable[[], dict[str, int]],
+               opened: Callable[[Look, str], None] = lambda look, name: None) -> Latest:
     """Every rank probes and reads the tracker file, then the largest iteration
     of all ranks wins (Megatron's all-reduce), and each rank makes its
     framework's requests in the folder it names (`opened`); with no tracker on

@@ -1,8 +1,8 @@
 """The recovery schedule: a load that comes back from a failure as a
 restarting job does (docs/recovery.md). Every rank finds the newest whole
 checkpoint on the storage under test as the layout's framework finds it; in
-a tiered run the ranks' local listings are all-gathered too (NVRx's
-find_latest) and the tier chosen as Megatron chooses it. The lost ranks
+a tiered run the ranks' local listings are gathered too (NVRx's find_latest,
+decided on rank 0 and broadcast) and the tier chosen as Megatron chooses it. The lost ranks
 (workload.recovery.lost_ranks) find their local folders empty; their parts
 come from a clique peer over MPI in read_size pieces, or, when a clique lost
 every copy, the whole job restores from the persistent tier. Each rank's
@@ -32,11 +32,12 @@ def load(session, epoch: int, step: int) -> list[FileStats]:
     with session.abort_on_error("finding the newest whole checkpoint"):
         look = discovery.Look(ck.backend, session.rank, lambda v: comm.allreduce(v, op=MPI.MAX),
                               lambda v: comm.bcast(v, root=0))
-        latest = discovery.timed(lambda lk: ck.layout.find_latest(lk, ck.checkpoint_files()), look)
+        latest = ck.layout.find_latest(look, ck.checkpoint_files)
         requests = dict(look.requests)
         choice = None
         if tier is not None:
-            choice = choose_local(comm.allgather(tier.held()), tier.clique)
+            held = comm.gather(tier.held(), root=0)
+            choice = comm.bcast(choose_local(held, tier.clique) if session.rank == 0 else None, root=0)
             requests["local LIST"] = 1
     found_at = time.time()
     # compared as training iterations (a training run's DLIO names carry the epoch's own step)
@@ -74,9 +75,9 @@ def restore_local(session, choice: LocalChoice) -> tuple[int, int]:
     tier, rank, comm = session.tier, session.rank, session.comm
     iteration, bar = choice.iteration, progress.ticking(session, None)
     local = moved = 0
-    if choice.sources[rank] == rank:
+    if rank not in {owner for owner, _ in choice.moved}:
         local += tier.read_part(iteration, rank, bar).nbytes
-    for owner, holder in choice.moved():
+    for owner, holder in choice.moved:
         if rank == holder:
             local += tier.send_part(iteration, owner, lambda piece, o=owner: comm.Send(piece, dest=o, tag=PART_TAG),
                                     bar).nbytes
