@@ -49,11 +49,11 @@ BUCKET = "ckpt"
 @pytest.fixture(scope="module")
 def s3(tmp_path_factory):
     """A real S3 server (SeaweedFS on loopback) with bucket BUCKET, per test module."""
-    from s3_server import start_s3_server
+    from s3_server import retire, start_s3_server
     server = start_s3_server(tmp_path_factory.mktemp("seaweedfs"))
     server.client().create_bucket(Bucket=BUCKET)
     yield server
-    server.stop()
+    retire(server)
 
 
 @pytest.fixture

