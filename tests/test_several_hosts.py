@@ -233,3 +233,21 @@ def test_a_slow_host_among_four_is_named_in_results_and_the_record(cluster, work
         lines = [line for line in run.stdout.splitlines() if re.match(rf"  {phase} \d: first / last done", line)]
         assert len(lines) == len(steps), run.stdout[-3000:]
         assert all("on node3)" in line and "slowest host node3 " in line and "(4 hosts)" in line for line in lines)
+
+
+@pytest.mark.parametrize("cluster", [2], indirect=True)
+def test_a_lost_hosts_part_crosses_the_network_from_its_peer_on_the_other_host(cluster, workdir):
+    """A tiered run, a rank a host, rank 1 lost: its part comes from rank 0, its clique peer on
+    node1, through node2's link (Open MPI's TCP between hosts, not a copy in shared memory)."""
+    from test_recovery_run import parts, recovered, recovery
+    into_node2 = Path(f"/sys/class/net/{cluster.veth(2)}/statistics/tx_bytes")  # the bridge's side of its veth
+    before = int(into_node2.read_text())
+    run = dlio_on(cluster, workdir, 1, *recovered(workdir / "local", "++workload.recovery.lost_ranks=[1]"))
+    r = recovery(run)
+    crossed = int(into_node2.read_text()) - before
+    size = parts(2, model="llama3_tiny_checkpoint")
+    assert {s["rank"]: s["hostname"] for s in run.rank_stats()} == {0: "node1", 1: "node2"}
+    assert (r["tier"], r["step"], r["moved_to"], r["moved_bytes"], r["storage_bytes"]) == ("local", 4, [1], size[1],
+                                                                                           0)
+    # the whole run sent node2 little else (MPI's wire-up, barriers, the recovery decision)
+    assert size[1] <= crossed < size[1] + (4 << 20)
