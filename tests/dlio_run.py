@@ -22,6 +22,9 @@ MLCOMMONS = dlio_is_mlcommons_fork()
 #: the start of our record's "dlio" field and dlio-benchmark's version in this environment
 FLAVOUR, DLIO_VERSION = ("mlcommons", "3.0.2") if MLCOMMONS else ("upstream", "2.0.0") if UPSTREAM \
     else ("2.0.0", "2.0.0")
+#: DLIO's own checkpoint loop (upstream main, the fork) counts the checkpoints on every rank before
+#: the loads: one names-only listing a rank; ours has rank 0 count for all
+WALKS_PER_RANK = 1 if UPSTREAM else 0
 
 #: tests that need a DLIO this environment does not have run where the user's own
 #: checkout is installed (run_scripts/setup.sh), and skip here naming the variable

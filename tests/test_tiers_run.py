@@ -3,12 +3,13 @@ on a real directory, the persistent saves on a file system and on a real S3
 server (SeaweedFS) behind a slowed link, every TIERS figure recomputed from
 the record's windows, an overrun said as it happens, an interrupted persist
 never counted as done."""
+import json
 import os
 import re
 import signal
 import subprocess
+import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -98,9 +99,19 @@ def assert_tiers_as_recomputed(record: dict, stdout: str) -> dict:
     return want
 
 
-def verify_persistent(ranks: int, steps: list[int], folder: str, *storage: str) -> None:
+def verify_persistent(ranks: int, steps: list[int], folder: str, *storage: str, env: dict | None = None) -> None:
     """Every rank's files of each persistent checkpoint read back, each byte compared
-    with the content regenerated from its seed (as a run without tiers would write it)."""
+    with the content regenerated from its seed (as a run without tiers would write it).
+    In a child process: s3dlio's client is process-wide and keeps the endpoint it was
+    first given, maybe an earlier test's server long gone."""
+    code = "import json, sys\nfrom test_tiers_run import read_back_verified\nread_back_verified(*json.loads(sys.argv[1]))"
+    res = subprocess.run([sys.executable, "-c", code, json.dumps([ranks, steps, folder, list(storage)])],
+                         cwd=Path(__file__).parent, env={**os.environ, **(env or {})}, capture_output=True, text=True,
+                         timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+
+
+def read_back_verified(ranks: int, steps: list[int], folder: str, storage: list[str]) -> None:
     cfg = compose_config(PRESET, [*SHRINK, "++workload.checkpoint.num_checkpoints_write=0",
                                   "++workload.checkpoint.num_checkpoints_read=1", "++workload.streaming.verify=True",
                                   f"++workload.checkpoint.checkpoint_folder={folder}", *storage], ranks)
@@ -174,8 +185,7 @@ def slowed(s3):
     link.stop()
 
 
-def test_a_persistent_save_behind_a_slowed_store_overruns_its_interval_and_is_warned(s3, slowed, workdir,
-                                                                                      monkeypatch):
+def test_a_persistent_save_behind_a_slowed_store_overruns_its_interval_and_is_warned(s3, slowed, workdir):
     storage = ["++workload.storage.storage_type=s3", f"++workload.storage.storage_root=s3://{BUCKET}/tiers"]
     run = run_dlio(workdir, 2, PRESET, *tiers(workdir / "local", interval=0.3), *storage, env=slowed,
                    checkpoint_folder="slow")
@@ -195,9 +205,7 @@ def test_a_persistent_save_behind_a_slowed_store_overruns_its_interval_and_is_wa
     assert {o["Key"]: o["Size"] for o in listed} == {
         f"tiers/slow/{cfg.layout.checkpoint_dir(step)}/{name}": size for step in (2, 4)
         for name, size in cfg.layout.saved_files(cfg.shape, cfg.parallelism, 2).items()}
-    for key, value in s3.env().items():
-        monkeypatch.setenv(key, value)
-    verify_persistent(2, [2, 4], "slow", *storage)
+    verify_persistent(2, [2, 4], "slow", *storage, env=s3.env())
 
 
 def test_an_interrupted_persist_leaves_no_checkpoint_counted_as_done(s3, slowed, workdir):
