@@ -137,7 +137,8 @@ def test_local_saves_rotate_and_persistent_ones_land_whole_on_a_file_system(work
     for rank in range(4):
         got = {p.name: p.stat().st_size for p in (local / str(rank)).iterdir()}
         assert got == {tier_plan.local_name(4, r): part(r) for r in tier_plan.group(rank, 2, 1)}
-    assert 1 <= watch.most <= 2 and watch.dirty <= {tier_plan.local_name(s, r, dirty=True)
+    # (the watch may see no iteration at all on a loaded machine: only its upper bound is the run's)
+    assert watch.most <= 2 and watch.dirty <= {tier_plan.local_name(s, r, dirty=True)
                                                     for s in range(1, 5) for r in range(4)}
     # the persistent tier: checkpoints 2 and 4 only, each file at its size, each byte as generated
     ckpt = workdir / "ckpt"
