@@ -1,11 +1,15 @@
 """What a restarting job's search for the newest whole checkpoint costs the storage, by layout and ranks.
 
-    python bench/discovery_bench.py [--ranks 1,4,8] [--layouts dcp,megatron,...] [--json bench/results/discovery_bench.json]
+    python bench/discovery_bench.py [--ranks 1,4,8] [--layouts dcp,megatron,...] [--saved-at N]
+                                    [--json bench/results/discovery_bench.json]
 
 For each layout and rank count, three checkpoints of the test shape are saved
 on a local SeaweedFS (the newest then left half-written, as a killed save
 leaves it), and `mpirun -np N` ranks look for the newest whole one as the
-layout's framework does on restart (Layout.find_latest, docs/recovery.md).
+layout's framework does on restart (Layout.find_latest, docs/recovery.md),
+then learn how it was saved from it (Layout.saved_shape: rank 0 reads the
+record once and broadcasts it). --saved-at N saves at N ranks whatever the
+ranks that look: a job coming back at another size.
 Printed: the requests the server answered (its own counters, read before and
 after: LIST, HEAD or whole GET as SeaweedFS counts both, "GET 200"), the
 requests our client counted, the same per rank, and both extrapolated to
@@ -84,16 +88,19 @@ def look(layout: str, folder: str, bucket: str) -> None:
     ck = Checkpointer(cfg, comm.rank, comm.size, comm.size)
     lk = discovery.Look(ck.backend, comm.rank, lambda v: comm.allreduce(v, op=MPI.MAX), lambda v: comm.bcast(v, root=0))
     latest = ck.layout.find_latest(lk, ck.checkpoint_files)
+    shape = discovery.saved_shape(ck.layout, lk, latest)
     counted = comm.gather(lk.requests, root=0)
     if comm.rank == 0:
-        print(json.dumps({"found": latest.name, "skipped": latest.skipped, "requests": counted}), flush=True)
+        print(json.dumps({"found": latest.name, "skipped": latest.skipped, "requests": counted,
+                          "saved_world": shape.world if shape else None}), flush=True)
 
 
-def measure(server, layout: str, ranks: int, mpirun: str, bucket: str = BUCKET) -> dict:
-    folder = f"{layout}-{ranks}"
+def measure(server, layout: str, ranks: int, mpirun: str, bucket: str = BUCKET, saved_at: int = 0) -> dict:
+    """saved_at: the ranks the checkpoints are saved at (0: the ranks that look)."""
+    folder = f"{layout}-{ranks}-{saved_at}"
     env = {**os.environ, **server.env()}
     # in a process of its own: s3dlio keeps the first endpoint a process used
-    saving = subprocess.run([sys.executable, __file__, "--save", layout, folder, str(ranks), bucket],
+    saving = subprocess.run([sys.executable, __file__, "--save", layout, folder, str(saved_at or ranks), bucket],
                             capture_output=True, text=True, env=env, timeout=300)
     if saving.returncode:
         sys.exit(f"saving {layout} at {ranks} ranks failed:\n{saving.stderr[-2000:]}")
@@ -114,7 +121,7 @@ def measure(server, layout: str, ranks: int, mpirun: str, bucket: str = BUCKET) 
             ours[kind] = ours.get(kind, 0) + n
     server_counts = {k: after.get(k, 0) - before.get(k, 0) for k in after if after.get(k, 0) != before.get(k, 0)}
     return {"layout": layout, "ranks": ranks, "found": got["found"], "skipped": got["skipped"], "half": half,
-            "server": server_counts, "ours": ours}
+            "server": server_counts, "ours": ours, "saved_world": got["saved_world"]}
 
 
 def extrapolate(points: list[tuple[int, int]], at: int = SCALE) -> int:
@@ -128,6 +135,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ranks", default="1,4,8")
     ap.add_argument("--layouts", default=",".join(LAYOUTS))
+    ap.add_argument("--saved-at", type=int, default=0, help="save at this many ranks (default: the ranks that look)")
     ap.add_argument("--json")
     ap.add_argument("--look", nargs=3, metavar=("LAYOUT", "FOLDER", "BUCKET"), help=argparse.SUPPRESS)
     ap.add_argument("--save", nargs=4, metavar=("LAYOUT", "FOLDER", "RANKS", "BUCKET"), help=argparse.SUPPRESS)
@@ -145,19 +153,22 @@ def main() -> int:
     ranks = [int(n) for n in args.ranks.split(",")]
     server = seaweedfs(Path(tempfile.mkdtemp(prefix="discovery-bench-")), "", BUCKET)
     try:
-        results = [measure(server, layout, n, mpirun) for layout in args.layouts.split(",") for n in ranks]
+        results = [measure(server, layout, n, mpirun, saved_at=args.saved_at)
+                   for layout in args.layouts.split(",") for n in ranks]
     finally:
         server.stop()
-    table = BenchTable("discovery_bench", "Requests finding the newest whole checkpoint (3 saved, the newest "
-                       "half-written), by layout and ranks: SeaweedFS's own counters, ours beside them",
-                       ["layout", "ranks", "found", "server", "server total", "ours", "per rank",
+    saved = f"saved at {args.saved_at} ranks" if args.saved_at else "saved at the ranks that look"
+    table = BenchTable("discovery_bench", f"Requests finding the newest whole checkpoint (3 {saved}, the newest "
+                       "half-written) and learning how it was saved, by layout and ranks: SeaweedFS's own "
+                       "counters, ours beside them",
+                       ["layout", "ranks", "found", "saved by", "server", "server total", "ours", "per rank",
                         f"at {SCALE} ranks"])
     for layout in args.layouts.split(","):
         rows = [r for r in results if r["layout"] == layout]
         points = [(r["ranks"], sum(r["ours"].values())) for r in rows]
         for r in rows:
             total = sum(r["ours"].values())
-            table.add(layout, r["ranks"], r["found"], ", ".join(f"{k} {n}" for k, n in sorted(r["server"].items())),
+            table.add(layout, r["ranks"], r["found"], r["saved_world"] or "-", ", ".join(f"{k} {n}" for k, n in sorted(r["server"].items())),
                       sum(r["server"].values()), ", ".join(f"{k} {n}" for k, n in sorted(r["ours"].items())), f"{total / r['ranks']:.1f}",
                       extrapolate(points) if r is rows[-1] else "")
     table.note("SeaweedFS counts a HEAD as a GET (200 found, 404 missing); every row found the checkpoint before "

@@ -20,6 +20,7 @@ from dlio_ckpt_ext import layouts
 
 from dlio_ckpt_ext.shared_plans import load_plan, plan, safetensors_plan
 from dlio_ckpt_ext.layouts.base import Layout
+from dlio_ckpt_ext.recovery.saved_shape import resume_pattern
 from dlio_ckpt_ext.errors import ConfigError
 
 MECHANISM_CLASS = "dlio_ckpt_ext.dlio.mechanism.StreamingCheckpointing"
@@ -104,7 +105,7 @@ class CheckpointConfig:
     # model-parallel rank's model states; DCP every rank .metadata, then its data;
     # with saved_ranks another world size, resharded).
     restore: str = "own"                          # own | framework
-    saved_ranks: int = 0               # ranks the read checkpoint was saved at; 0 = this run's (framework only)
+    saved_ranks: int = 0               # ranks the read checkpoint was saved at; 0 = what the checkpoint says (resume=latest), else this run's
     # broadcast: the ranks reading the same range split it, each reads its part
     # from storage and broadcasts it over MPI in read_size pieces
     share: str = "none"                           # none | broadcast
@@ -307,6 +308,8 @@ class RunConfig:
         size and the saved one; ranks_per_node: the shift of recovery_rank_shift."""
         c = self.checkpoint
         pattern = self.model_load.pattern if self.is_model_load else c.restore
+        if c.resume:
+            pattern = resume_pattern(pattern, c.saved_ranks, comm_size)
         return load_plan.LoadJob(pattern, comm_size, c.saved_ranks or comm_size,
                                  ranks_per_node if c.recovery_rank_shift else 0, self.read_size,
                                  self.storage.storage_type == "s3")
@@ -711,10 +714,12 @@ def _check_tiers(s: WorkloadSections, layout: Layout, training_s: float, trains:
     if layout.model_load:
         raise ConfigError("workload.tiers.local_root", t.local_root,
                           f'"" with checkpoint.layout {layout.name} (a publish is no training checkpoint)')
-    if c.num_checkpoints_write < t.persistent_every and not trains:
+    if c.num_checkpoints_write < t.persistent_every and not trains and (c.num_checkpoints_write or
+                                                                         c.num_checkpoints_read != 1):
         raise ConfigError("workload.checkpoint.num_checkpoints_write", c.num_checkpoints_write,
                           f"at least tiers.persistent_every ({t.persistent_every}): a tiered run saves at least "
-                          "one persistent checkpoint")
+                          "one persistent checkpoint (or none, when it only comes back from a failure: "
+                          "num_checkpoints_read=1)")
     if c.num_checkpoints_read > 1:
         raise ConfigError("workload.checkpoint.num_checkpoints_read", c.num_checkpoints_read,
                           "0 or 1 with tiers: a tiered run's read is its recovery, from the tier Megatron would "

@@ -104,8 +104,9 @@ def test_on_s3_a_lost_clique_restores_from_the_bucket_and_a_later_run_passes_ove
     assert (r["tier"], r["step"], r["checkpoint"]) == ("persistent", 4, "iter_0000004")
     assert r["storage_bytes"] == size and r["local_bytes"] == r["moved_bytes"] == 0
     # every rank: the tracker probed and read, the iteration folder listed, metadata.json probed and read;
-    # rank 0 lists the checkpoint folder (ours, to name what was passed over); each rank lists its local folder
-    assert r["requests"] == {"HEAD": 4, "GET": 4, "LIST": 3, "local LIST": 2}
+    # rank 0 lists the checkpoint folder (ours, to name what was passed over) and reads .metadata (how it was
+    # saved); each rank lists its local folder
+    assert r["requests"] == {"HEAD": 4, "GET": 5, "LIST": 3, "local LIST": 2}
     # the killed save: rank 0's commit files gone, the tracker still naming iteration 2
     client = s3.client()
     for key in (".metadata", "metadata.json"):
@@ -123,18 +124,19 @@ def test_on_s3_a_lost_clique_restores_from_the_bucket_and_a_later_run_passes_ove
 
 
 def test_the_server_counts_the_requests_the_discovery_counts(s3, workdir):
-    """torchtitan's search at 2 ranks: every request our client counted, SeaweedFS answered."""
+    """torchtitan's search at 2 ranks for checkpoints saved at 4: every request our client counted,
+    SeaweedFS answered."""
     import importlib.util
     spec = importlib.util.spec_from_file_location("discovery_bench", Path(__file__).parents[1] / "bench" /
                                                   "discovery_bench.py")
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     from conftest import tool
-    got = bench.measure(s3, "dcp", 2, tool("mpirun"), BUCKET)
-    assert (got["found"], got["skipped"]) == ("step-2", ["step-3"])
-    # 2 ranks x (a listing, and two markers probed in each of 3 step folders)
-    assert got["ours"] == {"LIST": 2, "HEAD": 12}
-    assert sum(got["server"].values()) == 14 and got["server"]["LIST"] == 2
+    got = bench.measure(s3, "dcp", 2, tool("mpirun"), BUCKET, saved_at=4)
+    assert (got["found"], got["skipped"], got["saved_world"]) == ("step-2", ["step-3"], 4)
+    # 2 ranks x (a listing, and two markers probed in each of 3 step folders), then rank 0's read of .metadata
+    assert got["ours"] == {"LIST": 2, "HEAD": 12, "GET": 1}
+    assert sum(got["server"].values()) == 15 and got["server"]["LIST"] == 2
 
 
 def test_on_s3_a_lost_rank_s_part_moves_from_its_peer_and_nothing_is_read_from_the_bucket(s3, workdir):

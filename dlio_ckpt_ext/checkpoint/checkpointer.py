@@ -170,10 +170,19 @@ class Checkpointer:
         files = self.checkpoint_files()
         return {f"{self.directory(s, e)}/{name}": size for s, e in checkpoints for name, size in files.items()}
 
-    def checkpoint_files(self) -> dict[str, int]:
-        """Every rank's files of one checkpoint, name (below its directory) -> size."""
+    def checkpoint_files(self, world: Optional[int] = None) -> dict[str, int]:
+        """Every rank's files of one checkpoint, name (below its directory) -> size;
+        world: saved at that many ranks (default: the saved world size of the loads)."""
+        if world is not None and world != self.job.saved_ranks:
+            return self.layout.saved_files(self.cfg.shape, self.cfg.parallelism, world)
         return {f.name: f.size for r in range(self.job.saved_ranks)
                 for f in self.rank_plan(r).all_files}
+
+    def use_job(self, job: load_plan.LoadJob) -> None:
+        """Load what `job` says from now on (a resume that found the checkpoint
+        saved at another world size): every plan made for the old one goes."""
+        self.job = job
+        self._plans, self._by_name, self._reads, self._groups = {}, {}, None, None
 
     def planned_writes(self, checkpoints: list[CheckpointId]) -> dict:
         """Where the given checkpoints go and what each holds (all ranks): enough

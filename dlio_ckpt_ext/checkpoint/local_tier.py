@@ -76,7 +76,8 @@ class LocalTier:
             self.backend = open_backend("local_fs", self.cfg.tiers.local_root, {"write_mode": "buffered"},
                                         self.cfg.checkpoint.fsync, self.cpu_share)
         found = sorted(n for n in self.backend.children(self.folder) if n.startswith("iter_"))
-        if found:
+        # a run that only comes back from a failure restores what an earlier run left
+        if found and self.cfg.checkpoint.num_checkpoints_write:
             return (f"{key}: {where} holds local checkpoints ({', '.join(found[:3])}) of an earlier or live run; "
                     "remove them or choose another local_root")
         return None

@@ -5,7 +5,7 @@ import os
 import sys
 import traceback
 from dataclasses import dataclass
-from typing import Optional, TextIO
+from typing import Callable, Optional, TextIO
 
 
 @dataclass(frozen=True)
@@ -59,12 +59,21 @@ def launcher_stream() -> Optional[TextIO]:
     return None
 
 
+#: called before a failure ends the job (the session's release of its folders)
+ON_ABORT: list[Callable[[], None]] = []
+
+
 def abort(comm, message: str, exc: BaseException | None = None, code: int = 1) -> None:
     """Print why, then end every rank: a peer waiting at a barrier must not hang."""
     from dlio_ckpt_ext.redact import redact_text
     detail = "".join(traceback.format_exception(exc)) if exc is not None and not _expected(exc) else ""
     sys.stderr.write(redact_text(f"[ERROR] rank {comm.rank}: {message}\n{detail}"))
     sys.stderr.flush()
+    for hook in ON_ABORT:
+        try:
+            hook()
+        except Exception:  # noqa: BLE001 - the job ends whatever a clean-up does
+            pass
     comm.Abort(code)
 
 

@@ -11,6 +11,7 @@ once, only the last writer reads its own id and goes on.
 """
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import os
@@ -151,28 +152,49 @@ def _parse(data: Optional[bytes]) -> dict:
     return out if isinstance(out, dict) else {}
 
 
+def _folder(session, which: str) -> Folder:
+    """The output folder's marker (on rank 0's host) or the checkpoint folder's (on the storage)."""
+    if which == "output":
+        marker = os.path.join(session.output_folder, OWNER_FILE)
+        return Folder("workload.output.folder", session.output_folder, lambda d: write_marker_file(marker, d),
+                      lambda: read_marker_file(marker), lambda: os.unlink(marker))
+    backend = session.checkpointer.backend
+    return Folder("workload.checkpoint.checkpoint_folder", backend.uri("").rstrip("/"),
+                  lambda d: backend.write_marker(OWNER_FILE, d), lambda: backend.read_marker(OWNER_FILE),
+                  lambda: backend.delete_file(OWNER_FILE))
+
+
 def claim_folders(session, which: str) -> None:
     """Rank 0 claims the output folder (before any checkpoint I/O) or the
     checkpoint folder (once the storage answered) for this run
-    (dlio/ownership.py); another live run's folder stops every rank."""
+    (dlio/ownership.py); another live run's folder stops every rank. Every
+    rank learns the run's id, so whichever rank fails can release the claims."""
     refusal, notes = None, []
     if session.rank == 0:
         if session.lease is None:
             session.lease = Lease(session.start_time)
-        if which == "output":
-            marker = os.path.join(session.output_folder, OWNER_FILE)
-            folder = Folder("workload.output.folder", session.output_folder, lambda d: write_marker_file(marker, d),
-                            lambda: read_marker_file(marker), lambda: os.unlink(marker))
-        else:
-            backend = session.checkpointer.backend
-            folder = Folder("workload.checkpoint.checkpoint_folder", backend.uri("").rstrip("/"),
-                            lambda d: backend.write_marker(OWNER_FILE, d), lambda: backend.read_marker(OWNER_FILE),
-                            lambda: backend.delete_file(OWNER_FILE))
         try:
-            notes = session.lease.claim(folder)
+            notes = session.lease.claim(_folder(session, which))
         except ConfigError as exc:
             refusal = str(exc)
             session.lease.release()
     session._refuse_together(refusal, gathered=False)
+    run_id = session.comm.bcast(session.lease.me["run_id"] if session.rank == 0 else None, root=0)
+    session.claims = (run_id, *dict.fromkeys((*session.claims[1:], which)))
     for line in notes:
         print(line, flush=True)
+
+
+def release_claims(session) -> None:
+    """A run that ends with an error releases its folders, from whichever rank
+    failed (rank 0: its lease, the heartbeat stopped; another rank: each marker
+    still naming this run, as far as that rank reaches it). Only a killed run
+    leaves its marker, to be found stale."""
+    if session.lease is not None:
+        session.lease.release()
+        return
+    run_id, *which = session.claims
+    for folder in (_folder(session, w) for w in which):
+        with contextlib.suppress(Exception):  # a marker this rank cannot reach is left to go stale
+            if _parse(folder.read()).get("run_id") == run_id:
+                folder.remove()

@@ -20,6 +20,8 @@ def summarise(gathered: list[list[dict]]) -> list[dict]:
                 requests[kind] = requests.get(kind, 0) + n
         out.append({key: first[key] for key in ("tier", "step", "reason", "checkpoint", "skipped", "how",
                                                 "lost_ranks")}
+                   | {key: first[key] for key in ("saved_ranks", "restore", "saved_shape", "saved_as", "restored_as")
+                      if key in first}
                    | {"ranks": len(ranks), "requests": requests,
                       "requests_per_rank_max": max(sum(r["requests"].values()) for r in ranks),
                       "discovery_s": max(r["found_at"] for r in ranks) - start,
@@ -49,6 +51,8 @@ def recovery_lines(summary: list[dict]) -> list[str]:
                   f"{r['storage_bytes']} ({r['storage_bytes'] / GiB:.3f} GiB)",
                   f"    {'time to resume':26s} {r['time_to_resume_s']:.4f} s (the slowest rank, from the discovery's "
                   "start to its last byte)"]
+        if "saved_as" in r:
+            lines.append(f"    {'saved by':26s} {r['saved_as']}; restored at {r['restored_as']}")
         if r["skipped"]:
             lines.append(f"    {'passed over':26s} {', '.join(r['skipped'])} (half-written)")
         if r["lost_ranks"]:

@@ -23,7 +23,7 @@ from dlio_ckpt_ext.checkpoint.background import BackgroundPersist
 from dlio_ckpt_ext.checkpoint.local_tier import LocalTier
 from dlio_ckpt_ext.checkpoint.checkpointer import Checkpointer, inventory_error
 from dlio_ckpt_ext.config import CheckpointId, RunConfig, load_config
-from dlio_ckpt_ext.dlio import (interrupts, metrics, ownership, progress, records, recovery_report, results_lines,
+from dlio_ckpt_ext.dlio import (interrupts, metrics, mpi, ownership, progress, records, recovery_report, results_lines,
                                run_warnings,
                                schedules, tier_report, tiers, trace, training, training_report)
 from dlio_ckpt_ext.dlio.mpi import (SharingGroups, Topology, abort, launcher_stream, sharing_groups, topology,
@@ -108,6 +108,9 @@ class CheckpointSession:
         self.end_time = self.start_time
         #: rank 0: this run's claim on its folders (dlio/ownership.py)
         self.lease: Optional[Lease] = None
+        #: every rank: the run's id and the folders it claimed, released by whichever rank fails
+        self.claims: tuple = (None,)
+        mpi.ON_ABORT[:] = [lambda: ownership.release_claims(self)]
         interrupts.catch_interrupts()
         # where an interrupt is said, found now: after SIGTERM mpirun forwards nothing and
         # exits within about half a second, and then its /proc entries are gone with it
@@ -156,6 +159,7 @@ class CheckpointSession:
             if self.rank == 0:
                 sys.stderr.write(f"[ERROR] {refusal}\n")
                 sys.stderr.flush()
+                ownership.release_claims(self)
             raise SystemExit(2)
 
     # -- failures end every rank ---------------------------------------------

@@ -50,8 +50,11 @@ def tiers_summary(local: list[dict], persist: list[dict], interval_s: float, ran
 
 
 def tiers_lines(s: dict, settings: dict) -> list[str]:
-    """settings: the run's tiers section, plus the priority its persists ran at."""
+    """settings: the run's tiers section, plus the priority its persists ran at;
+    none for a run that only came back from a failure (it saved nothing)."""
     n = len(s["local"])
+    if not n:
+        return []
     lines = [f"TIERS (local_root {settings['local_root']}: every checkpoint, replication {settings['replication']}; "
              f"the storage under test: {_every(settings['persistent_every'])}):",
              f"  {'local saves':28s} {n}, {s['local_s_mean']:.4f} s each, {s['local_gib_s_mean']:.4f} GiB/s "

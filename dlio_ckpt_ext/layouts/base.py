@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import re
 from functools import lru_cache
-from typing import Callable, Iterable, Optional
+from typing import Iterable, Optional
 
 from dlio_ckpt_ext.shared_plans import load_plan, plan
 from dlio_ckpt_ext.errors import ConfigError
-from dlio_ckpt_ext.recovery import discovery
+from dlio_ckpt_ext.recovery import discovery, saved_shape
+from dlio_ckpt_ext.recovery.saved_shape import SavedShape
 from dlio_ckpt_ext.shared_plans.load_plan import LoadJob, ReadRange
 from dlio_ckpt_ext.shared_plans.plan import ModelShape, Parallelism, RankPlan
 
@@ -29,6 +30,8 @@ class Layout:
     pattern_key = "checkpoint.restore"
     #: the framework whose files these are, for the results
     framework = ""
+    #: how its framework loads a checkpoint saved at another world size (a resume's RECOVERY line)
+    reshards = ""
     #: what the framework's own save waits for on a file system (as strace showed it,
     #: fidelity/manifests): RESULTS says it beside what ours waits for
     durability = ""
@@ -87,11 +90,22 @@ class Layout:
         """(step, epoch) of a checkpoint folder still under its temporary name (never committed)."""
         return _named(self.staging_dir, name)
 
-    def find_latest(self, look: discovery.Look, expected: Callable[[], dict[str, int]]) -> discovery.Latest:
+    def find_latest(self, look: discovery.Look, expected: discovery.Expected) -> discovery.Latest:
         """The newest whole checkpoint below the folder, found as the layout's
-        framework finds it on restart; expected(): one checkpoint's files and sizes
-        (every rank's plan: asked for only where the framework's way needs it)."""
+        framework finds it on restart; expected(world): one checkpoint's files and
+        sizes saved at `world` ranks (every rank's plan: asked for only where the
+        framework's way needs it)."""
         return discovery.by_listing(self, look, expected)
+
+    def saved_shape(self, look: discovery.Look, name: str) -> Optional[SavedShape]:
+        """How the checkpoint in folder `name` was saved, read from it as its
+        framework reads it (on one rank; look.listed holds the folders it has
+        listed already). None: nothing in it says (a publish: any world loads it)."""
+        return None
+
+    def shape_header(self, p: Parallelism, world: int) -> bytes:
+        """The head line of the file that records the save's shape (DCP's and Megatron's .metadata)."""
+        return saved_shape.header(world, p)
 
     def facts(self, m: ModelShape, p: Parallelism, world: int) -> list[str]:
         """What the plan command says of the save's structure beyond files and

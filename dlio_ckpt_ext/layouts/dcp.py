@@ -13,9 +13,10 @@ ranks after 0, where DCP's deduplication put them."""
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import Callable, Iterable
+from typing import Iterable, Optional
 
-from dlio_ckpt_ext.recovery import discovery
+from dlio_ckpt_ext.recovery import discovery, saved_shape
+from dlio_ckpt_ext.recovery.saved_shape import SavedShape
 from dlio_ckpt_ext.shared_plans import load_plan, plan
 from dlio_ckpt_ext.errors import ConfigError
 from dlio_ckpt_ext.layouts.base import Layout
@@ -126,14 +127,19 @@ class DCP(Layout):
     name = "dcp"
     committed = True
     framework = "torch.distributed.checkpoint"
+    reshards = "DCP's resharding (each saved item overlapping a rank's new rows, read whole)"
     durability = "each .distcp fsynced, then .metadata.tmp fsynced and renamed (no folder fsync)"
 
     def checkpoint_dir(self, step: int, epoch: int = 1) -> str:
         return f"step-{step}"
 
-    def find_latest(self, look: discovery.Look, expected: Callable[[], dict[str, int]]) -> discovery.Latest:
+    def find_latest(self, look: discovery.Look, expected: discovery.Expected) -> discovery.Latest:
         # torchtitan's _find_load_step, on every rank ("not remote friendly", its own comment)
         return discovery.by_probe(self, look, (METADATA, "model.safetensors.index.json"))
+
+    def saved_shape(self, look: discovery.Look, name: str) -> Optional[SavedShape]:
+        # DCP's read_metadata: the plan names every item's file, so its ranks
+        return saved_shape.from_header(look.read(f"{name}/{METADATA}"), "DCP's .metadata plan")
 
     def check(self, m: ModelShape, p: Parallelism, comm_size: int) -> None:
         for key, val in (("model.parallelism.tensor", p.tensor), ("model.parallelism.pipeline", p.pipeline)):
@@ -146,7 +152,8 @@ class DCP(Layout):
         files = (ShardFile(f"__{rank}_0.distcp", file_bytes(m, world, rank), "state"),)
         commit = ()
         if rank == 0:
-            commit = (ShardFile(METADATA, metadata_bytes(m, world), "metadata", tmp_suffix=METADATA_TMP),)
+            commit = (ShardFile(METADATA, metadata_bytes(m, world), "metadata", self.shape_header(p, world),
+                                tmp_suffix=METADATA_TMP),)
         return RankPlan(rank, rank, 0, 0, 0, files, commit)
 
     def metadata_reads(self, m: ModelShape, p: Parallelism, job: LoadJob) -> list[ReadRange]:

@@ -12,9 +12,10 @@ the `bf16_` prefix of a bf16 run's optimizer files, and at the save root
 `latest` and the two recovery scripts. OPEN only: CLOSED writes DLIO's."""
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Optional
 
-from dlio_ckpt_ext.recovery import discovery
+from dlio_ckpt_ext.recovery import discovery, saved_shape
+from dlio_ckpt_ext.recovery.saved_shape import SavedShape
 from dlio_ckpt_ext.shared_plans import load_plan, plan
 from dlio_ckpt_ext.layouts.base import Layout
 from dlio_ckpt_ext.shared_plans.load_plan import LoadJob, ReadRange
@@ -45,6 +46,7 @@ ZERO3_MODEL_STATES_PER_TENSOR = 532
 class DeepSpeed(Layout):
     name = "deepspeed"
     framework = "DeepSpeed"
+    reshards = "DeepSpeed's universal checkpoint load, read from the ZeRO files (the ds_to_universal conversion not run)"
     mlperf_closed = True
     names_epoch = True
     has_framework_files = True
@@ -91,6 +93,11 @@ class DeepSpeed(Layout):
             files.append(ShardFile(f"{self.optimizer_prefix(m)}{prefix}_optim_states.pt",
                                    (3 * n + 15 * m.hidden_size) * obytes, "optimizer"))
         return RankPlan(rank, dp_rank, mp_rank, pp_rank, tp_rank, tuple(files))
+
+    def saved_shape(self, look: discovery.Look, name: str) -> Optional[SavedShape]:
+        # DeepSpeed globs the tag's zero_pp_rank files and refuses a DP size not its own
+        names = look.listed[name] if name in look.listed else look.list(name)
+        return saved_shape.from_deepspeed_names(names)
 
     def zero3_model_states(self, m: ModelShape, weights: int) -> int:
         """A ZeRO-3 rank's model states file, given the bytes of its weight shard:
@@ -167,7 +174,7 @@ class DeepSpeedFiles(DeepSpeed):
     def tracker(self, step: int) -> tuple[str, bytes]:
         return "latest", self.checkpoint_dir(step).encode()
 
-    def find_latest(self, look: discovery.Look, expected: Callable[[], dict[str, int]]) -> discovery.Latest:
+    def find_latest(self, look: discovery.Look, expected: discovery.Expected) -> discovery.Latest:
         # load_checkpoint(tag=None) reads `latest` on every rank
         # then the tag's mp_rank_* model files globbed
         return discovery.by_tracker(self, look, "latest", self._tagged_step, expected, lambda look, tag: look.list(tag))

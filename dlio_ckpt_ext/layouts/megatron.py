@@ -29,9 +29,10 @@ import bisect
 import json
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Callable, Iterable, Optional
+from typing import Iterable, Optional
 
-from dlio_ckpt_ext.recovery import discovery
+from dlio_ckpt_ext.recovery import discovery, saved_shape
+from dlio_ckpt_ext.recovery.saved_shape import SavedShape
 from dlio_ckpt_ext.shared_plans import load_plan, plan
 from dlio_ckpt_ext.errors import ConfigError
 from dlio_ckpt_ext.layouts.base import Layout
@@ -259,6 +260,7 @@ class Megatron(Layout):
     committed = True
     has_buckets = True
     framework = "Megatron-core dist_checkpointing (torch_dist)"
+    reshards = "Megatron's fully parallel load over the new grid"
     durability = ("each .distcp fsynced, .metadata.tmp fsynced and renamed; metadata.json and the tracker "
                   "written without fsync")
 
@@ -269,9 +271,13 @@ class Megatron(Layout):
         """The file at the save root naming the last whole checkpoint, and its content."""
         return TRACKER, str(step).encode()
 
-    def find_latest(self, look: discovery.Look, expected: Callable[[], dict[str, int]]) -> discovery.Latest:
+    def find_latest(self, look: discovery.Look, expected: discovery.Expected) -> discovery.Latest:
         # read_metadata on every rank, then the max all-reduce of _load_base_checkpoint
         return discovery.by_tracker(self, look, TRACKER, _iteration, expected, _format_probes)
+
+    def saved_shape(self, look: discovery.Look, name: str) -> Optional[SavedShape]:
+        # load_common and the sharded metadata: the saved TP, PP and world the load reshards from
+        return saved_shape.from_header(look.read(f"{name}/.metadata"), "Megatron's sharded metadata (.metadata)")
 
     def check(self, m: ModelShape, p: Parallelism, comm_size: int) -> None:
         if p.mode != "default":
@@ -296,7 +302,8 @@ class Megatron(Layout):
         if rank == 0:
             items = sum(len(_saved_pieces(m, p, world, t, s)[0][d]) + len(_objects(m, grid, grid.rank(t, d, s)))
                         for s in range(grid.pp) for t in range(grid.tp) for d in range(grid.dp))
-            commit = (ShardFile(".metadata", METADATA_ITEM_BYTES * items, "metadata", tmp_suffix=METADATA_TMP),
+            commit = (ShardFile(".metadata", METADATA_ITEM_BYTES * items, "metadata", self.shape_header(p, world),
+                                tmp_suffix=METADATA_TMP),
                       ShardFile("metadata.json", len(METADATA_JSON), "metadata", METADATA_JSON))
         return RankPlan(rank, dp_rank, tp_rank + grid.tp * pp_rank, pp_rank, tp_rank, (data,), commit)
 

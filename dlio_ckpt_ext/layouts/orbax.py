@@ -30,9 +30,10 @@ import json
 import math
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Callable, Iterable, Optional
+from typing import Iterable, Optional
 
-from dlio_ckpt_ext.recovery import discovery
+from dlio_ckpt_ext.recovery import discovery, saved_shape
+from dlio_ckpt_ext.recovery.saved_shape import SavedShape
 from dlio_ckpt_ext.shared_plans import load_plan, plan
 from dlio_ckpt_ext.errors import ConfigError
 from dlio_ckpt_ext.layouts.base import Layout
@@ -343,6 +344,7 @@ class Orbax(Layout):
     durability = ("TensorStore fsyncs each data file, the manifest's lock file and their folders at every "
                   "commit; the JSON metadata and commit_success.txt are not fsynced; two folder renames")
     framework = "Orbax (OCDBT, zarr3 + zstd; MaxText)"
+    reshards = "Orbax's restore onto the new mesh (each process reads the chunks its devices need)"
 
     def checkpoint_dir(self, step: int, epoch: int = 1) -> str:
         return str(step)
@@ -353,10 +355,15 @@ class Orbax(Layout):
     def item_staging(self) -> Optional[tuple[str, str]]:
         return ITEM, f"{ITEM}{TMP_SUFFIX}"
 
-    def find_latest(self, look: discovery.Look, expected: Callable[[], dict[str, int]]) -> discovery.Latest:
+    def find_latest(self, look: discovery.Look, expected: discovery.Expected) -> discovery.Latest:
         # a folder renamed from its temporary name is committed; where nothing is renamed, commit_success.txt says so
         marker = None if look.backend.has_directories else COMMIT_SUCCESS
         return discovery.by_commit(self, look, marker, CHECKPOINT_METADATA)
+
+    def saved_shape(self, look: discovery.Look, name: str) -> Optional[SavedShape]:
+        # the restore's sharding metadata (every device of the mesh) and the processes that wrote
+        processes = sum(1 for n in look.list(f"{name}/{ITEM}") if n.startswith("ocdbt.process_"))
+        return saved_shape.from_orbax(look.read(f"{name}/{ITEM}/_sharding"), processes)
 
     def subdirs(self, m: ModelShape, p: Parallelism, world: int) -> list[str]:
         return [ITEM, f"{ITEM}/d", f"{ITEM}/array_metadatas"] + [

@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Protocol
 
+from dlio_ckpt_ext.recovery.saved_shape import SavedShape
+
 CheckpointId = tuple[int, int]  # (step, epoch)
 #: keys an object store's listing returns a page
 LIST_PAGE = 1000
@@ -37,6 +39,8 @@ class Look:
                  share: Callable[[object], object] = lambda v: v) -> None:
         self.backend, self.rank, self.agree_max, self.share = backend, rank, agree_max, share
         self.requests: dict[str, int] = {}
+        #: each folder this rank listed, its names: what a framework's glob of it saw
+        self.listed: dict[str, list[str]] = {}
 
     def _count(self, kind: str) -> None:
         self.requests[kind] = self.requests.get(kind, 0) + 1
@@ -49,11 +53,14 @@ class Look:
     def list(self, directory: str = "") -> list[str]:
         names = self.backend.children(directory)
         self._listed(len(names))
+        self.listed[directory] = names
         return names
 
     def sizes(self, directory: str) -> dict[str, int]:
         found = self.backend.list_sizes(directory)
         self._listed(len(found))
+        below = directory.strip("/") + "/" if directory.strip("/") else ""
+        self.listed[directory] = sorted({k[len(below):].split("/", 1)[0] for k in found})
         return found
 
     def read(self, path: str) -> Optional[bytes]:
@@ -68,11 +75,13 @@ class Look:
 @dataclass
 class Latest:
     """What a discovery found: the checkpoint (None: no whole one), its folder,
-    the newer folders it passed over as half-written, and how it looked."""
+    the newer folders it passed over as half-written, how it looked, and how
+    the checkpoint was saved where the looking learned it (saved_shape)."""
     checkpoint: Optional[CheckpointId]
     name: str = ""
     skipped: list[str] = field(default_factory=list)
     how: str = ""
+    saved: Optional[SavedShape] = None
 
     def warning(self) -> Optional[str]:
         if not self.skipped:
@@ -106,27 +115,42 @@ def whole(sizes: dict[str, int], name: str, expected: dict[str, int]) -> bool:
     return all(sizes.get(f"{name}/{f}") == n for f, n in expected.items())
 
 
-def by_listing(layout, look: Look, expected: Callable[[], dict[str, int]]) -> Latest:
+#: one checkpoint's files, every rank's, name -> size, at a saved world size (None: this run's)
+Expected = Callable[[Optional[int]], dict[str, int]]
+
+
+def by_listing(layout, look: Look, expected: Expected) -> Latest:
     """Rank 0 lists the folder, then each candidate newest first until one holds
-    every planned file at its size (expected(): one checkpoint's files, every
-    rank's, asked for on rank 0 alone); every rank gets its answer (no framework
-    marker to trust: DLIO's files, Hugging Face's checkpoint-N)."""
+    every planned file at its size, planned at the world size the candidate's
+    own names say it was saved at (expected: asked for on rank 0 alone); every
+    rank gets its answer (no framework marker to trust: DLIO's files, Hugging
+    Face's checkpoint-N)."""
     answer = None
     if look.rank == 0:
-        skipped, found, planned = [], None, expected()
+        skipped, found, shape = [], None, None
         for step, epoch, name in listed(layout, look.list()):
-            if whole(look.sizes(name), name, planned):
+            sizes = look.sizes(name)
+            shape = layout.saved_shape(look, name)
+            if whole(sizes, name, expected(shape.world if shape else None)):
                 found = (step, epoch)
                 break
             skipped.append(name)
-        answer = (found, sorted(skipped))
-    found, skipped = look.share(answer)
+        answer = (found, sorted(skipped), shape if found else None)
+    found, skipped, shape = look.share(answer)
     return Latest(found, layout.checkpoint_dir(*found) if found else "", skipped,
-                  "rank 0 lists the folder, then each newest candidate's files against the plan")
+                  "rank 0 lists the folder, then each newest candidate's files against the plan", shape)
+
+
+def saved_shape(layout, look: Look, latest: Latest) -> Optional[SavedShape]:
+    """How the found checkpoint was saved: what the looking learned, else rank 0
+    reads the layout's record once and every rank gets its answer."""
+    if latest.checkpoint is None or latest.saved is not None:
+        return latest.saved
+    return look.share(layout.saved_shape(look, latest.name) if look.rank == 0 else None)
 
 
 def by_tracker(layout, look: Look, tracker: str, parse: Callable[[bytes], Optional[int]],
-               expected: Callable[[], dict[str, int]],
+               expected: Expected,
                opened: Callable[[Look, str], None] = lambda look, name: None) -> Latest:
     """Every rank probes and reads the tracker file, then the largest iteration
     of all ranks wins (Megatron's all-reduce), and each rank makes its

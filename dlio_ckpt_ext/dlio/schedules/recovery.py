@@ -15,7 +15,9 @@ import time
 from dlio_ckpt_ext.dlio import progress
 from dlio_ckpt_ext.engine.profile import FileStats
 from dlio_ckpt_ext.recovery import discovery
+from dlio_ckpt_ext.errors import ConfigError
 from dlio_ckpt_ext.recovery.local_choice import LocalChoice, choose_local, choose_tier
+from dlio_ckpt_ext.recovery.saved_shape import resumed_job
 
 #: the MPI tag of a part moving from its holder to the rank that lost it
 PART_TAG = 0x5ec
@@ -33,6 +35,7 @@ def load(session, epoch: int, step: int) -> list[FileStats]:
         look = discovery.Look(ck.backend, session.rank, lambda v: comm.allreduce(v, op=MPI.MAX),
                               lambda v: comm.bcast(v, root=0))
         latest = ck.layout.find_latest(look, ck.checkpoint_files)
+        latest.saved = discovery.saved_shape(ck.layout, look, latest)
         requests = dict(look.requests)
         choice = None
         if tier is not None:
@@ -44,6 +47,10 @@ def load(session, epoch: int, step: int) -> list[FileStats]:
     persistent = session.label(*latest.checkpoint) if latest.checkpoint else None
     chosen, why = choose_tier(choice, persistent) if choice is not None else \
         ("persistent", "checkpoint.resume=latest")
+    if choice is not None and latest.saved is not None and latest.saved.world != session.size:
+        chosen, why = "persistent", (f"the local tier restores only at the world size it was saved at (NVRx's "
+                                     f"cliques), and the job was saved by {latest.saved.world} ranks, comes back "
+                                     f"with {session.size}")
     if session.rank == 0 and latest.warning():
         progress.say_now(latest.warning())
     if chosen == "persistent" and latest.checkpoint is None:
@@ -58,13 +65,40 @@ def load(session, epoch: int, step: int) -> list[FileStats]:
             local_bytes, moved = restore_local(session, choice)
     else:
         iteration, found_epoch = latest.checkpoint
+        resized = resize(session, latest)
         files = session._checkpoint("load", found_epoch, iteration, ck.load)
     session.recoveries.append({
         "tier": chosen, "step": iteration, "reason": why, "checkpoint": latest.name if chosen == "persistent" else
         None, "skipped": latest.skipped, "how": latest.how, "requests": requests, "start": start, "found_at": found_at,
         "end": time.time(), "local_bytes": local_bytes, "moved_bytes": moved,
-        "storage_bytes": sum(f.nbytes for f in files), "lost_ranks": list(session.config.recovery.lost_ranks)})
+        "storage_bytes": sum(f.nbytes for f in files), "lost_ranks": list(session.config.recovery.lost_ranks),
+        **(resized if chosen == "persistent" else {})})
     return files
+
+
+def resize(session, latest: discovery.Latest) -> dict:
+    """The load of the found checkpoint at the world size its record says it was
+    saved at, resharded as its framework reshards (every rank decides alike from
+    the shape rank 0 shared); a disagreeing setting stops every rank, naming
+    both. What the record says, for RECOVERY."""
+    ck, cfg = session.checkpointer, session.config
+    where = ck.backend.uri(latest.name)
+    job, refusal = resumed_job(ck.job, latest.saved, cfg.checkpoint.saved_ranks, cfg.parallelism, where)
+    if refusal is None:
+        try:
+            ck.layout.validate_job(cfg.shape, cfg.parallelism, job)
+        except ConfigError as exc:
+            refusal = f"{where} was saved by {latest.saved.world} ranks: {exc}"
+    session._refuse_together(refusal, gathered=False)
+    ck.use_job(job)
+    saved = latest.saved
+    return {"saved_ranks": job.saved_ranks, "restore": job.pattern,
+            "saved_shape": saved.record() if saved else None,
+            "saved_as": (f"{saved.describe()} ({saved.source})" if saved else
+                         f"{job.saved_ranks} ranks (nothing in the checkpoint says: "
+                         f"{'checkpoint.saved_ranks' if cfg.checkpoint.saved_ranks else 'this run'})"),
+            "restored_as": (f"{job.ranks} ranks through {ck.layout.reshards or ck.layout.framework}" if job.resharded
+                            else f"{job.ranks} ranks, as saved")}
 
 
 def restore_local(session, choice: LocalChoice) -> tuple[int, int]:

@@ -1,0 +1,111 @@
+"""A job coming back at another size, end to end through dlio_benchmark
+(docs/recovery.md): each layout saved at 4 ranks, then resumed with
+checkpoint.resume=latest and no other key at 2 ranks and at 8, every byte
+verified; RESULTS names the world size the checkpoint was saved at and where
+it was read. On SeaweedFS for DCP. A run that fails leaves no claim on its
+folders, and the next one starts without a warning."""
+import pytest
+
+from conftest import BUCKET
+from dlio_ckpt_ext.result_files import OWNER_FILE
+from dlio_ckpt_ext.tools.presets import compose_config
+from dlio_run import SHRINK, run_dlio
+from test_recovery_run import recovery
+
+pytestmark = pytest.mark.e2e  # each test starts DLIO (conftest.py)
+
+VERIFY = "++workload.streaming.verify=True"
+SAVE = ["++workload.checkpoint.num_checkpoints_write=1", "++workload.checkpoint.num_checkpoints_read=0",
+        "++workload.checkpoint.keep_files=True"]
+RESUME = ["++workload.checkpoint.num_checkpoints_write=0", "++workload.checkpoint.num_checkpoints_read=1",
+          "++workload.checkpoint.resume=latest", VERIFY]
+#: each framework's preset (DLIO's own files: MLPerf's), and where its record says how it was saved
+LAYOUTS = {
+    "dlio": ("llama3_8b_checkpoint", [], "the zero_pp_rank_*_mp_rank_* names (DeepSpeed's glob)"),
+    "deepspeed": ("llama3_8b_checkpoint", ["++workload.checkpoint.deepspeed_files=deepspeed"],
+                  "the zero_pp_rank_*_mp_rank_* names (DeepSpeed's glob)"),
+    "dcp": ("torchtitan_llama3_8b_checkpoint", [], "DCP's .metadata plan"),
+    "megatron": ("megatron_llama3_8b_checkpoint", [], "Megatron's sharded metadata (.metadata)"),
+    "orbax": ("maxtext_llama3_8b_checkpoint", ["++workload.checkpoint.devices_per_rank=1"],
+              "items/_sharding's device mesh and the ocdbt.process_* folders"),
+}
+
+
+def restored(preset: str, extra: list[str], ranks: int, saved: int) -> int:
+    """Bytes the resharded load of a checkpoint saved at `saved` reads at `ranks`, by the layout's plan."""
+    cfg = compose_config(preset, [*SHRINK, *extra, *RESUME, "++workload.checkpoint.restore=framework",
+                                  f"++workload.checkpoint.saved_ranks={saved}"], ranks)
+    return cfg.layout.summary(cfg.shape, cfg.parallelism, cfg.load_job(ranks), cfg.read_size)["bytes_read"]
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_a_checkpoint_saved_at_4_ranks_is_resumed_at_2_and_at_8(workdir, layout):
+    preset, extra, source = LAYOUTS[layout]
+    saved = run_dlio(workdir, 4, preset, *SHRINK, *extra, *SAVE, out="save")
+    assert saved.returncode == 0, saved.stderr[-3000:]
+    for ranks in (2, 8):
+        run = run_dlio(workdir, ranks, preset, *SHRINK, *extra, *RESUME, out=f"resume{ranks}", timeout=600)
+        r = recovery(run)
+        assert (r["tier"], r["step"], r["skipped"], r["saved_ranks"], r["restore"]) == \
+            ("persistent", 1, [], 4, "framework")
+        assert r["saved_shape"]["world"] == 4 and r["saved_shape"]["source"] == source
+        assert r["storage_bytes"] == restored(preset, extra, ranks, 4)
+        assert f"    saved by                   4 ranks" in run.stdout
+        assert f"({source}); restored at {ranks} ranks through " in run.stdout
+        assert "half-written" not in run.output
+
+
+def test_on_s3_a_dcp_checkpoint_saved_at_4_ranks_is_resumed_at_2(s3, workdir):
+    storage = ["++workload.storage.storage_type=s3", f"++workload.storage.storage_root=s3://{BUCKET}/resized"]
+    preset, extra, source = LAYOUTS["dcp"]
+    saved = run_dlio(workdir, 4, preset, *SHRINK, *storage, *SAVE, env=s3.env(), checkpoint_folder="titan",
+                     out="save")
+    assert saved.returncode == 0, saved.stderr[-3000:]
+    run = run_dlio(workdir, 2, preset, *SHRINK, *storage, *RESUME, env=s3.env(), checkpoint_folder="titan",
+                   out="resume")
+    r = recovery(run)
+    assert (r["step"], r["saved_ranks"], r["saved_shape"]["source"]) == (1, 4, source)
+    assert r["storage_bytes"] == restored(preset, extra, 2, 4)
+    # torchtitan's search (a listing, two markers probed in the one step folder) on each rank,
+    # then rank 0's read of .metadata
+    assert r["requests"] == {"LIST": 2, "HEAD": 4, "GET": 1}
+
+
+def test_a_run_that_fails_leaves_no_claim_and_the_next_starts_without_a_warning(workdir):
+    preset, extra, _ = LAYOUTS["dcp"]
+    ckpt = workdir / "ckpt"
+    saved = run_dlio(workdir, 4, preset, *SHRINK, *SAVE, out="save")
+    assert saved.returncode == 0, saved.stderr[-3000:]
+    # refused: a saved_ranks the checkpoint contradicts (every rank stops together, exit 2)
+    refused = run_dlio(workdir, 2, preset, *SHRINK, *RESUME, "++workload.checkpoint.saved_ranks=8", out="refused")
+    assert refused.returncode == 2, refused.output[-3000:]
+    assert "workload.checkpoint.saved_ranks=8 disagrees with " in refused.stderr
+    assert not (ckpt / OWNER_FILE).exists() and not (workdir / "refused" / OWNER_FILE).exists()
+    # failed: a load whose file is short (exit 1 from the rank that found it)
+    data = ckpt / "step-1" / "__1_0.distcp"
+    data.write_bytes(data.read_bytes()[:-4096])
+    failed = run_dlio(workdir, 4, preset, *SHRINK, "++workload.checkpoint.num_checkpoints_write=0",
+                      "++workload.checkpoint.num_checkpoints_read=1", out="failed")
+    assert failed.returncode != 0 and "__1_0.distcp" in failed.stderr, failed.output[-3000:]
+    assert not (ckpt / OWNER_FILE).exists() and not (workdir / "failed" / OWNER_FILE).exists()
+    later = run_dlio(workdir, 4, preset, *SHRINK, *SAVE, "++workload.checkpoint.keep_files=False", out="later")
+    assert later.returncode == 0, later.stderr[-3000:]
+    assert "taking over" not in later.output
+
+
+def test_a_tiered_job_coming_back_at_another_size_restores_from_the_persistent_tier(workdir):
+    """NVRx's local checkpoints come back only at the world size they were saved
+    at: a tiered job saved at 4 and recovering at 2 restores the persistent
+    step, resharded, and RECOVERY says why."""
+    from test_tiers_run import tiers
+    local = workdir / "local"
+    saved = run_dlio(workdir, 4, "llama3_8b_checkpoint", *tiers(local), "++workload.checkpoint.keep_files=True",
+                     out="save")
+    assert saved.returncode == 0, saved.stderr[-3000:]
+    run = run_dlio(workdir, 2, "llama3_8b_checkpoint", *tiers(local, writes=0),
+                   "++workload.checkpoint.num_checkpoints_read=1", VERIFY, out="resume")
+    r = recovery(run)
+    assert (r["tier"], r["step"], r["saved_ranks"], r["local_bytes"]) == ("persistent", 4, 4, 0)
+    assert r["reason"] == ("the local tier restores only at the world size it was saved at (NVRx's cliques), and "
+                           "the job was saved by 4 ranks, comes back with 2")
+    assert r["storage_bytes"] == restored("llama3_8b_checkpoint", [], 2, 4)
