@@ -39,6 +39,7 @@ from pairs import check_pairs, interleaved  # noqa: E402
 
 from omegaconf import OmegaConf  # noqa: E402
 
+from dlio_ckpt_ext.checkpoint import universal  # noqa: E402
 from dlio_ckpt_ext.checkpoint.checkpointer import Checkpointer  # noqa: E402
 from dlio_ckpt_ext.config import load_config  # noqa: E402
 from dlio_ckpt_ext.engine.buffers import PAGE, allocate  # noqa: E402
@@ -141,6 +142,14 @@ def measure(args, root: str, storage_type: str, label: str, layout: str, paralle
                  num_checkpoints_write=0, num_checkpoints_read=1)
     ck = Checkpointer(cfg, rank, ranks, ranks)
     ck.prepare()
+    if ck.layout.converts(cfg.parallelism, ck.job):  # DeepSpeed's ZeRO: its universal checkpoint first
+        others = [ck if r == rank else Checkpointer(cfg, r, ranks, ranks) for r in range(ranks)]
+        for other in others:
+            other.prepare()
+        universal.convert_in_threads(others, ck.directory(1))
+        for other in others:
+            if other is not ck:
+                other.close()
     raw = (RawLocal if storage_type == "local_fs" else RawS3)(cfg.read_size, cfg.read_parallelism)
     return load_against_raw(args, ck, raw, label)
 
@@ -149,7 +158,7 @@ def load_against_raw(args, ck: Checkpointer, raw, label: str) -> dict:
     """Pairs of ck's load (its plan's ranges) and raw reads of the same ranges, then ck closed."""
     reads = ck.reads()
     nbytes = sum(r.length for r in reads)
-    directory = ck.directory(1)
+    directory = ck.layout.load_dir(ck.cfg.parallelism, ck.job, ck.directory(1))
 
     def ours() -> float:
         t0 = time.perf_counter()

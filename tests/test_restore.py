@@ -3,6 +3,8 @@ checkpoint saved at one world size read at another, every byte verified."""
 import os
 
 import pytest
+
+from test_resume_resized import converted
 from omegaconf import OmegaConf
 
 from dlio_ckpt_ext import layouts
@@ -47,6 +49,10 @@ def test_a_resharded_restore_reads_its_plan_and_every_byte_verifies(tmp_path, la
     save(tmp_path, saved, shape, {"zero_stage": zero}, layout)
     readers = restore(tmp_path, ranks, saved, shape, {"zero_stage": zero}, layout)
     assert readers[0].inventory([(1, 1)])["ok"]  # the saved layout's files, at the saved world size
+    if readers[0].layout.converts(readers[0].cfg.parallelism, readers[0].job):  # DeepSpeed's ZeRO: universal first
+        for ck in readers:
+            ck.prepare()
+        converted(readers, readers[0].directory(1))
     assert load_verified(readers) == layouts.summary(readers[0].cfg.shape, readers[0].cfg.parallelism,
                                                      readers[0].job, readers[0].cfg.read_size)["bytes_read"]
 

@@ -88,19 +88,24 @@ def test_dcp_saved_at_4_restored_at_2_and_3_reads_the_overlapping_files_verified
     assert f"{total} ({total / size:.3f}x the checkpoint's {size} bytes)" in run.stdout
 
 
-def test_zero3_saved_at_2_restored_at_4_every_rank_reads_every_partition(finished_runs, tmp_path):
+def test_zero3_saved_at_2_restored_at_4_reads_its_universal_checkpoint(finished_runs, tmp_path):
     """DeepSpeed refuses a ZeRO checkpoint at another data-parallel size but its universal
-    one, which loads every parameter's optimizer state whole on every rank."""
+    one: converted first (ds_to_universal), then every rank reads zero/optimizer_state.pt
+    and every file of every parameter folder whole (ZeRO-3), as the folder holds them."""
     saved = finished_runs[0].record()["storage"]["root"]  # the tiny preset, ZeRO-3, saved by 2 ranks
     run = run_dlio(tmp_path, 4, TINY, *framework(2), checkpoint_folder=saved)
     assert run.returncode == 0, run.stderr[-3000:]
-    step = os.path.join(saved, "global_epoch1_step1")
-    size = {n: os.path.getsize(os.path.join(step, n)) for n in os.listdir(step)}
-    model0, optims = "zero_pp_rank_0_mp_rank_00_model_states.pt", [f"zero_pp_rank_{d}_mp_rank_00_optim_states.pt"
-                                                                  for d in (0, 1)]
-    # the model-parallel rank 0 file twice (DeepSpeed's loader checks the first of the list, then reads its own)
-    want = [(model0, size[model0])] * 2 + [(n, size[n]) for n in optims]
-    assert loaded(run) == [want] * 4
+    universal = os.path.join(saved, "global_epoch1_step1_universal")
+    folders = sorted(d for d in os.listdir(os.path.join(universal, "zero")) if d != "optimizer_state.pt")
+    [c] = run.record()["conversions"]
+    assert c["zero_folders"] == len(folders) and c["load_listings"] == 4 * len(folders)
+    model0 = "zero_pp_rank_0_mp_rank_00_model_states.pt"
+    files = {model0} | {"zero/optimizer_state.pt"} | {f"zero/{d}/{s}.pt" for d in folders
+                                                       for s in ("fp32", "exp_avg", "exp_avg_sq", "step")}
+    size = {n: os.path.getsize(os.path.join(universal, n)) for n in files}
+    for rank in loaded(run):
+        assert rank[:2] == [(model0, size[model0])] * 2  # the first of the list checked, then its own
+        assert sorted(rank[2:]) == sorted((n, size[n]) for n in files - {model0})
     assert run.record()["restore"]["readers_per_file_max"] == 4
 
 
@@ -178,7 +183,9 @@ def test_zero3_saved_at_2_on_s3_restored_at_4_verified_with_the_planned_requests
     assert run.returncode == 0, run.stderr[-3000:]
     gets = s3.request_counts().get("GET 206", 0) - before.get("GET 206", 0)
     plan = plan_counts(TINY, 4, *SHRINK, *framework(2))
-    assert gets == plan["storage_requests"] and run.record()["load"]["per_checkpoint"][0]["bytes"] == plan["bytes_read"]
-    assert [[n for n, _ in rank] for rank in loaded(run)] == [[
-        "zero_pp_rank_0_mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_model_states.pt",
-        "zero_pp_rank_0_mp_rank_00_optim_states.pt", "zero_pp_rank_1_mp_rank_00_optim_states.pt"]] * 4
+    [c] = run.record()["conversions"]
+    # the universal conversion's reads, then the load's: every ranged GET the server answered
+    assert gets == c["read_requests"] + plan["storage_requests"]
+    assert run.record()["load"]["per_checkpoint"][0]["bytes"] == plan["bytes_read"]
+    assert all(rank[0][0] == "zero_pp_rank_0_mp_rank_00_model_states.pt" and
+               sum(1 for n, _ in rank if n.endswith("/fp32.pt")) == c["zero_folders"] for rank in loaded(run))

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
+from dlio_ckpt_ext.checkpoint import universal
 from dlio_ckpt_ext.checkpoint.checkpointer import Checkpointer
 from dlio_ckpt_ext.config import load_config
 from dlio_ckpt_ext.recovery import discovery, saved_shape
@@ -17,12 +18,14 @@ from test_recovery import LAYOUTS, SHAPE
 
 #: DeepSpeed's as the presets save them (ZeRO-3: a ZeRO-0 save's files are the same at any data-parallel size)
 RESIZED = {**LAYOUTS, "deepspeed": ({}, {"zero_stage": 3}),
-           "deepspeed_files": ({"deepspeed_files": "deepspeed"}, {"zero_stage": 3})}
+           "deepspeed_files": ({"deepspeed_files": "deepspeed"}, {"zero_stage": 3}),
+           "deepspeed_zero1": ({}, {"zero_stage": 1})}
 RESIZABLE = [name for name in RESIZED if name != "safetensors"]
 #: the requests rank 0 makes past the framework's search to learn the saved shape
 SHAPE_REQUESTS = {
     "deepspeed": {},                   # the names its listing of the candidate gave
     "deepspeed_files": {},             # the names every rank's glob of the tag gave
+    "deepspeed_zero1": {},
     "dcp": {"GET": 1},                 # .metadata
     "megatron": {"GET": 1},            # .metadata (the sharded metadata)
     "orbax": {"GET": 1, "LIST": 1},    # items/_sharding, then the ocdbt.process_* folders
@@ -74,16 +77,24 @@ def test_each_layout_learns_the_saved_world_from_the_checkpoint_and_reshards_eve
     job, refusal = resumed_job(ck.job, shape, 0, ck.cfg.parallelism, "ckpt")
     assert refusal is None
     assert (job.ranks, job.saved_ranks, job.pattern) == (2, 4, "framework")
+    cks = [resumed(folder, layout, 2, rank) for rank in range(2)]
+    for each in cks:
+        each.use_job(job)
+    if ck.layout.converts(ck.cfg.parallelism, job):  # DeepSpeed's ZeRO: the universal checkpoint first
+        converted(cks, ck.directory(2))
     # both ranks of the job read the plan's ranges of the checkpoint saved at 4, every byte compared
     read = 0
-    for rank in range(2):
-        ck = resumed(folder, layout, 2, rank)
-        ck.use_job(job)
-        files = ck.load(2)
-        assert sum(f.nbytes for f in files) == ck.load_bytes() > 0
-        read += ck.load_bytes()
-        ck.close()
+    for each in cks:
+        files = each.load(2)
+        assert sum(f.nbytes for f in files) == each.load_bytes() > 0
+        read += each.load_bytes()
+        each.close()
     assert read == ck.layout.summary(ck.cfg.shape, ck.cfg.parallelism, job, ck.cfg.read_size)["bytes_read"]
+
+
+def converted(cks: list[Checkpointer], directory: str) -> list[dict]:
+    """Every rank's part of the universal conversion, a thread each (their barriers meet)."""
+    return universal.convert_in_threads(cks, directory)
 
 
 def test_each_record_says_what_it_was_saved_with():
@@ -124,3 +135,45 @@ def test_what_disagrees_with_the_checkpoint_is_refused_naming_both(tmp_path):
 def test_a_resume_naming_another_saved_size_reads_it_as_the_framework_reshards(tmp_path):
     ck = resumed(tmp_path / "ckpt", "dcp", 2, saved_ranks=4)
     assert (ck.job.pattern, ck.job.saved_ranks) == ("framework", 4)
+
+
+@pytest.mark.parametrize("layout", ["deepspeed_zero1", "deepspeed"])
+def test_a_zero_checkpoint_at_another_size_is_converted_as_ds_to_universal_converts_it(tmp_path, layout):
+    """zero/ holds one folder a parameter with its three states whole and its step,
+    each state the parameter's elements in fp32; the fragments are gone; every
+    file read was one the save or the extraction wrote, every byte verified."""
+    folder = tmp_path / "ckpt"
+    saved_at(folder, layout, 4, steps=1)
+    cks = [resumed(folder, layout, 2, rank) for rank in range(2)]
+    job, _ = resumed_job(cks[0].job, SavedShape(4, "x"), 0, cks[0].cfg.parallelism, "f")
+    for ck in cks:
+        ck.use_job(job)
+    figures = converted(cks, "global_epoch1_step1")
+    out = folder / "global_epoch1_step1_universal"
+    h, f, v, layers = 256, 512, 1024, 2
+    dkv = h // 4 * 2
+    numel = {"word_embeddings.weight": v * h, "lm_head.weight": v * h, "final_layernorm.weight": h}
+    for i in range(layers):
+        numel |= {f"layers.{i}.input_layernorm.weight": h, f"layers.{i}.post_attention_layernorm.weight": h,
+                  f"layers.{i}.self_attention.query_key_value.weight": h * (h + 2 * dkv),
+                  f"layers.{i}.self_attention.dense.weight": h * h, f"layers.{i}.mlp.dense_h_to_4h.weight": 2 * h * f,
+                  f"layers.{i}.mlp.dense_4h_to_h.weight": h * f}
+    assert sorted(p.name for p in (out / "zero").iterdir()) == sorted([*numel, "optimizer_state.pt"])
+    for name, n in numel.items():
+        sizes = {p.name: p.stat().st_size for p in (out / "zero" / name).iterdir()}
+        assert sizes == {"fp32.pt": 4 * n + 1577, "exp_avg.pt": 4 * n + 1577, "exp_avg_sq.pt": 4 * n + 1577,
+                         "step.pt": 1581}
+    assert not (out / "tmp").exists()
+    assert (folder / "latest_universal").read_text() == "global_epoch1_step1_universal"
+    saved = sorted(p.name for p in (folder / "global_epoch1_step1").iterdir())
+    assert sorted(p.name for p in out.iterdir()) == sorted(["zero"] + [n for n in saved if "model_states" in n])
+    # each of the 4 optimizer files yields 4 files (3 states, step) for each parameter its partition touches
+    fragments = sum(x["deleted_files"] for x in figures)
+    assert fragments == sum(x["written_files"] for x in figures) - 4 * len(numel) - 1 - sum(
+        1 for n in saved if "model_states" in n)
+    if layout == "deepspeed":  # ZeRO-3 extracts every parameter from every file, empty or not
+        assert fragments == 4 * 4 * len(numel)
+    # read: the save's files, the fragments (each once), and the first optimizer file again
+    saved_bytes = sum((folder / "global_epoch1_step1" / n).stat().st_size for n in saved)
+    assert sum(x["read_files"] for x in figures) == len(saved) + fragments + 1
+    assert sum(x["read_bytes"] for x in figures) > saved_bytes

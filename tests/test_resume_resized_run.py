@@ -43,8 +43,9 @@ def test_a_checkpoint_saved_at_4_ranks_is_resumed_at_2_and_at_8(workdir, layout)
     preset, extra, source = LAYOUTS[layout]
     saved = run_dlio(workdir, 4, preset, *SHRINK, *extra, *SAVE, out="save")
     assert saved.returncode == 0, saved.stderr[-3000:]
-    for ranks in (2, 8):
-        run = run_dlio(workdir, ranks, preset, *SHRINK, *extra, *RESUME, out=f"resume{ranks}", timeout=600)
+    for ranks, keep in ((8, True), (2, False)):
+        run = run_dlio(workdir, ranks, preset, *SHRINK, *extra, *RESUME, f"++workload.checkpoint.keep_files={keep}",
+                       out=f"resume{ranks}", timeout=600)
         r = recovery(run)
         assert (r["tier"], r["step"], r["skipped"], r["saved_ranks"], r["restore"]) == \
             ("persistent", 1, [], 4, "framework")
@@ -53,6 +54,27 @@ def test_a_checkpoint_saved_at_4_ranks_is_resumed_at_2_and_at_8(workdir, layout)
         assert f"    saved by                   4 ranks" in run.stdout
         assert f"({source}); restored at {ranks} ranks through " in run.stdout
         assert "half-written" not in run.output
+        if layout in ("dlio", "deepspeed"):  # ZeRO-3 at another DP size: ds_to_universal first
+            c = r["conversion"]
+            assert c["zero_folders"] == 2 * 6 + 3  # one a parameter of the 2-layer model
+            assert c["deleted_files"] == 4 * 4 * c["zero_folders"] and c["load_listings"] == ranks * 15
+            assert "    universal conversion       " in run.stdout
+            universal = workdir / "ckpt" / f"{r['checkpoint']}_universal"
+            if keep:  # the universal checkpoint stays, as ds_to_universal leaves it: no fragments left
+                assert len(list((universal / "zero").iterdir())) == c["zero_folders"] + 1  # + optimizer_state.pt
+                assert not (universal / "tmp").exists()
+            else:  # keep_files=False: the conversion's files go with the run, the checkpoint stays
+                assert not universal.exists() and not (workdir / "ckpt" / "latest_universal").exists()
+                assert (workdir / "ckpt" / r["checkpoint"]).is_dir()
+    if layout == "dlio":  # a restore named by hand at another size converts too, and says so
+        run = run_dlio(workdir, 2, preset, *SHRINK, *extra, "++workload.checkpoint.num_checkpoints_write=0",
+                       "++workload.checkpoint.num_checkpoints_read=1", "++workload.checkpoint.restore=framework",
+                       "++workload.checkpoint.saved_ranks=4", VERIFY, out="restore")
+        assert run.returncode == 0, run.stderr[-3000:]
+        [c] = run.record()["conversions"]
+        assert (c["checkpoint"], c["zero_folders"], c["load_listings"]) == ("global_epoch1_step1", 15, 30)
+        assert "CONVERSION (DeepSpeed's universal checkpoint, made before the load; docs/recovery.md)" in run.stdout
+        assert run.record()["load"]["per_checkpoint"][0]["bytes"] == restored(preset, extra, 2, 4)
 
 
 def test_on_s3_a_dcp_checkpoint_saved_at_4_ranks_is_resumed_at_2(s3, workdir):

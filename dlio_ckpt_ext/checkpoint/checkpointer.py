@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Callable, Optional
 
-from dlio_ckpt_ext.shared_plans import load_plan, plan
+from dlio_ckpt_ext.shared_plans import load_plan, plan, universal_plan
 from dlio_ckpt_ext.config import CheckpointId, RunConfig
 from dlio_ckpt_ext.engine import (BufferPool, ContentSpec, FileStats, FileWindow, derive_seed, load_file,
                                   send_file, write_from_memory)
@@ -56,6 +56,8 @@ class Checkpointer:
         self.tracer: Optional[Tracer] = None
         #: the file being written or read now (its path below the root)
         self.current_file = ""
+        #: a universal conversion's folder and the files this rank wrote in it (checkpoint/universal.py)
+        self.converted: Optional[tuple[str, list[str]]] = None
 
     @property
     def gen_threads(self) -> int:
@@ -304,8 +306,21 @@ class Checkpointer:
                 self.tracer.file_done(step, phase, stats)
         return files
 
+    def write_files(self, directory: str, files: tuple[plan.ShardFile, ...], progress: Progress, step: int,
+                    writer: int) -> list[FileStats]:
+        """Generate and write files outside the plan (a conversion's) below `directory`,
+        their content that of saved rank `writer`'s files of those names there."""
+        return self._save_generated(directory, files, progress, step, writer=writer)
+
+    def read_range(self, directory: str, r: load_plan.ReadRange, step: int, progress: Progress) -> FileStats:
+        """Read range r below `directory`, verified against writer r.writer's content there."""
+        return self._read_range(directory, r, step, progress)
+
+    def write_root_file(self, name: str, content: bytes) -> None:
+        self._write_root_file(name, content)
+
     def _save_generated(self, directory: str, files: tuple[plan.ShardFile, ...], progress: Progress,
-                        step: int, into: Optional[str] = None) -> list[FileStats]:
+                        step: int, into: Optional[str] = None, writer: Optional[int] = None) -> list[FileStats]:
         """Generate and write `files` in order. Where the storage lends each upload
         its own memory (S3), a file is closed only once the next concurrent_files
         - 1 files' bytes were sent, so its last parts upload while they start;
@@ -316,7 +331,8 @@ class Checkpointer:
         try:
             for f in files:
                 closed = self._write_file(directory, into, f, lambda path, f=f: send_file(
-                    self.backend, path, f.size, self.content(directory, self.rank, f.name), self.write_buffers(),
+                    self.backend, path, f.size, self.content(directory, self.rank if writer is None else writer,
+                                                             f.name), self.write_buffers(),
                     self.gen_threads, progress, window, self._spans(step)), window)
                 saved += self._traced(step, "save", self._observed(closed, step))
             saved += self._traced(step, "save", self._observed(window.close_all(), step))
@@ -429,7 +445,7 @@ class Checkpointer:
         checked against the content regenerated at its offset when verifying;
         with share=broadcast, a range several ranks read is split among them.
         Returns the storage reads only (the broadcast is in last_broadcast)."""
-        directory = self.directory(self.cfg.read_step(step), epoch)
+        directory = self.layout.load_dir(self.cfg.parallelism, self.job, self.directory(self.cfg.read_step(step), epoch))
         if not self.shares():
             return [self._read_range(directory, r, step, progress) for r in self.reads()]
         self.last_broadcast = {"broadcast_bytes": 0, "broadcast_s": 0.0}
@@ -508,16 +524,26 @@ class Checkpointer:
         """Delete exactly the files this rank wrote in the given checkpoints (as
         many a request as the storage takes): every rank its own, so cleanup
         lasts the slowest rank's share. Returns the files deleted."""
-        mine = self.rank_plan(self.rank)
+        mine = self.rank_plan(self.rank) if checkpoints else None
         roots = self.layout.root_files(max(s for s, _ in checkpoints)) if self.rank == 0 and checkpoints else ()
+        converted = self.converted[1] if self.converted else []
+        if converted and self.rank == 0:
+            converted = converted + [universal_plan.LATEST_UNIVERSAL]
         return self.backend.delete_files(list(dict.fromkeys(
             [f"{self.directory(s, e)}/{f.name}" for s, e in checkpoints for f in mine.all_files]
-            + [name for name, _ in roots])))
+            + [name for name, _ in roots] + converted)))
 
     def remove_empty_dirs(self, checkpoints: list[CheckpointId]) -> None:
         """After every rank's remove_written, on one rank: the step directories that
         left empty (never one holding files this run did not write)."""
         subdirs = self.layout.subdirs(self.cfg.shape, self.cfg.parallelism, self.job.saved_ranks)
+        if self.converted:
+            into = self.converted[0]
+            names = [f.name for x in universal_plan.params(self.cfg.shape, self.cfg.parallelism.tensor)
+                     for f in universal_plan.merged_files(self.cfg.shape, self.cfg.parallelism, x)]
+            for folder in reversed(universal_plan.folders(names)):
+                self.backend.remove_empty_dir(f"{into}/{folder}")
+            self.backend.remove_empty_dir(into)
         for step, epoch in checkpoints:
             directory = self.directory(step, epoch)
             for sub in reversed(subdirs):

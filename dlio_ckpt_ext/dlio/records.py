@@ -214,6 +214,8 @@ def write_run_record(session: CheckpointSession, reports: dict) -> list[str]:
         record["training"] = session.training_summary
     if session.recovery_summary:
         record["recovery"] = session.recovery_summary
+    if session.conversions:
+        record["conversions"] = session.conversions
     g = session.config.sections.goodput
     record["goodput"] = goodput.scales(record, g.nodes, g.failures_per_node_day, g.restart_s, g.interval_s or None,
                                        None if g.local_share < 0 else g.local_share)

@@ -31,6 +31,8 @@ def summarise(gathered: list[list[dict]]) -> list[dict]:
                       "moved_bytes": sum(r["moved_bytes"] for r in ranks),
                       "storage_bytes": sum(r["storage_bytes"] for r in ranks),
                       "moved_to": sorted(rank for rank, r in enumerate(ranks) if r["moved_bytes"])})
+        if first.get("conversion"):
+            out[-1]["conversion"] = first["conversion"]
     return out
 
 
@@ -53,9 +55,19 @@ def recovery_lines(summary: list[dict]) -> list[str]:
                   "start to its last byte)"]
         if "saved_as" in r:
             lines.append(f"    {'saved by':26s} {r['saved_as']}; restored at {r['restored_as']}")
+        if "conversion" in r:
+            lines.append(conversion_line(r["conversion"]))
         if r["skipped"]:
             lines.append(f"    {'passed over':26s} {', '.join(r['skipped'])} (half-written)")
         if r["lost_ranks"]:
             lines.append(f"    {'lost ranks':26s} {r['lost_ranks']}; parts received from a peer by "
                          f"{r['moved_to'] or 'none'}")
     return lines
+
+
+def conversion_line(c: dict) -> str:
+    """DeepSpeed's universal conversion (checkpoint/universal.py's summary), one line."""
+    return (f"    {'universal conversion':26s} {c['time_s']:.4f} s (extract {c['extract_s']:.4f} s, merge "
+            f"{c['merge_s']:.4f} s): read {c['read_files']} files ({c['read_bytes'] / GiB:.3f} GiB), wrote "
+            f"{c['written_files']} ({c['written_bytes'] / GiB:.3f} GiB), removed {c['deleted_files']} fragments; "
+            f"zero/ holds {c['zero_folders']} folders, one a parameter; the load lists {c['load_listings']}")

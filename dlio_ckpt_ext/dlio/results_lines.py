@@ -41,6 +41,9 @@ def lines(session, reports: dict) -> list[str]:
         session.restore = ck.layout.summary(session.config.shape, session.config.parallelism, ck.job,
                                          session.config.read_size, session.config.checkpoint.share)
         lines += metrics.restore_lines(session.restore, session.windows["load"])
+    if session.conversions and not session.recovery_summary:  # a recovery's is in its RECOVERY lines
+        lines.append("CONVERSION (DeepSpeed's universal checkpoint, made before the load; docs/recovery.md)")
+        lines += [recovery_report.conversion_line(c) for c in session.conversions]
     if session.recovery_summary:
         lines += recovery_report.recovery_lines(session.recovery_summary)
     budget = session.checkpointer.threads.describe()

@@ -87,6 +87,8 @@ class CheckpointSession:
         #: recoveries: this rank's record of each (schedules/recovery.py); rank 0 after finalize: RECOVERY
         self.recoveries: list[dict] = []
         self.recovery_summary: Optional[list[dict]] = None
+        #: rank 0: each universal conversion a load needed, summed over the ranks (schedules/conversion.py)
+        self.conversions: list[dict] = []
         #: share=broadcast: the groups of ranks reading the same ranges
         self.sharing: Optional[SharingGroups] = None
         #: the step persisting in the background (async mode)

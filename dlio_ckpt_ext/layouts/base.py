@@ -173,6 +173,15 @@ class Layout:
         """What saved rank `rank` wrote, at the saved world size."""
         return self.rank_plan(m, p, job.saved_ranks, rank)
 
+    def load_dir(self, p: Parallelism, job: LoadJob, directory: str) -> str:
+        """The folder a load of checkpoint folder `directory` reads its ranges in
+        (DeepSpeed's universal checkpoint beside it, at another world size)."""
+        return directory
+
+    def converts(self, p: Parallelism, job: LoadJob) -> bool:
+        """Whether the load needs the checkpoint converted first (load_dir is then the conversion's)."""
+        return False
+
     def metadata_reads(self, m: ModelShape, p: Parallelism, job: LoadJob) -> list[ReadRange]:
         """Files every loading rank reads whole before its data (DCP's .metadata)."""
         return []

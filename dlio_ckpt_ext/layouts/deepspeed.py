@@ -16,7 +16,7 @@ from typing import Optional
 
 from dlio_ckpt_ext.recovery import discovery, saved_shape
 from dlio_ckpt_ext.recovery.saved_shape import SavedShape
-from dlio_ckpt_ext.shared_plans import load_plan, plan
+from dlio_ckpt_ext.shared_plans import load_plan, plan, universal_plan
 from dlio_ckpt_ext.layouts.base import Layout
 from dlio_ckpt_ext.shared_plans.load_plan import LoadJob, ReadRange
 from dlio_ckpt_ext.shared_plans.plan import ModelShape, Parallelism, RankPlan, ShardFile
@@ -46,7 +46,7 @@ ZERO3_MODEL_STATES_PER_TENSOR = 532
 class DeepSpeed(Layout):
     name = "deepspeed"
     framework = "DeepSpeed"
-    reshards = "DeepSpeed's universal checkpoint load, read from the ZeRO files (the ds_to_universal conversion not run)"
+    reshards = "ds_to_universal's conversion, then DeepSpeed's universal checkpoint load"
     mlperf_closed = True
     names_epoch = True
     has_framework_files = True
@@ -108,7 +108,8 @@ class DeepSpeed(Layout):
         return ""
 
     def framework_reads(self, m: ModelShape, p: Parallelism, job: LoadJob, rank: int) -> list[ReadRange]:
-        return self._model_states(m, p, job, rank) + self._optimizer(m, p, job, rank)
+        rest = self._universal if self.converts(p, job) else self._optimizer
+        return self._model_states(m, p, job, rank) + rest(m, p, job, rank)
 
     def _model_states(self, m: ModelShape, p: Parallelism, job: LoadJob, rank: int) -> list[ReadRange]:
         """The model-states files DeepSpeed's _load_checkpoint reads on `rank`.
@@ -131,34 +132,31 @@ class DeepSpeed(Layout):
         return out
 
     def _optimizer(self, m: ModelShape, p: Parallelism, job: LoadJob, rank: int) -> list[ReadRange]:
-        """The optimizer partitions `rank` reads. At the saved world size its own
+        """The optimizer partitions `rank` reads at the saved world size: its own
         (_get_all_zero_checkpoint_state_dicts loads only the rank's own unless
         elastic_checkpoint is set; ZeRO-0 keeps them with the first replica's
-        model states). At another one DeepSpeed refuses every ZeRO checkpoint
-        (_load_zero_checkpoint: "not currently supported") but its universal one,
-        which we emulate on the saved files, by bytes: ZeRO-3 loads every
-        parameter's whole optimizer state on every rank
-        (load_hp_checkpoint_state_from_checkpoint_dir_stage3), so a rank reads
-        every saved partition; ZeRO-1/2 loads the parameters overlapping its new
-        partition whole, so a rank reads the saved partitions of its
-        model-parallel rank that overlap its new flat range."""
-        mp = p.tensor * p.pipeline
-        mp_rank, dp_rank = rank % mp, rank // mp
-        if p.zero_stage == 0:
-            writers = [mp_rank]
-        elif not job.resharded:
-            writers = [rank]
-        elif p.zero_stage == 3:
-            writers = list(range(job.saved_ranks))
-        else:
-            old_dp, new_dp = job.saved_ranks // mp, job.ranks // mp
-            # flat ranges in units of 1 / (old_dp * new_dp) of the model-parallel rank's parameters
-            lo, hi = dp_rank * old_dp, (dp_rank + 1) * old_dp
-            writers = [d * mp + mp_rank for d in range(old_dp) if d * new_dp < hi and lo < (d + 1) * new_dp]
+        model states)."""
+        writers = [rank % (p.tensor * p.pipeline)] if p.zero_stage == 0 else [rank]
         return [load_plan.whole(f, w) for w in writers for f in self.saved(m, p, job, w).files
                 if f.kind == "optimizer"]
 
+    # -- at another world size: the universal checkpoint --------------------------
+    def converts(self, p: Parallelism, job: LoadJob) -> bool:
+        # _load_zero_checkpoint refuses any other data-parallel size ("not currently supported")
+        return job.resharded and job.pattern == "framework" and p.zero_stage > 0 and p.mode != "subset"
 
+    def load_dir(self, p: Parallelism, job: LoadJob, directory: str) -> str:
+        return universal_plan.universal_dir(directory) if self.converts(p, job) else directory
+
+    def _universal(self, m: ModelShape, p: Parallelism, job: LoadJob, rank: int) -> list[ReadRange]:
+        """The universal load on `rank` (universal_checkpoint.load_hp_checkpoint_state):
+        zero/optimizer_state.pt, then each parameter it holds a slice of, every
+        file of its folder whole (the folder's listing is the loader's, made apart)."""
+        # the conversion wrote them all as rank 0's content
+        out = [load_plan.whole(universal_plan.optimizer_state_file(), 0)]
+        for x in universal_plan.held(m, p, job.ranks, rank):
+            out += [load_plan.whole(f, 0) for f in universal_plan.merged_files(m, p, x)]
+        return out
 
 class DeepSpeedFiles(DeepSpeed):
     """The files a DeepSpeed 0.19.8 save itself writes (checkpoint.deepspeed_files=deepspeed)."""

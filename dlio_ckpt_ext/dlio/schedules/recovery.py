@@ -11,8 +11,8 @@ from each source, and its window from the discovery's start to the last byte."""
 from __future__ import annotations
 
 import time
-
 from dlio_ckpt_ext.dlio import progress
+from dlio_ckpt_ext.dlio.schedules import conversion
 from dlio_ckpt_ext.engine.profile import FileStats
 from dlio_ckpt_ext.recovery import discovery
 from dlio_ckpt_ext.errors import ConfigError
@@ -66,7 +66,10 @@ def load(session, epoch: int, step: int) -> list[FileStats]:
     else:
         iteration, found_epoch = latest.checkpoint
         resized = resize(session, latest)
-        files = session._checkpoint("load", found_epoch, iteration, ck.load)
+        load = conversion.load_of(session, iteration, found_epoch)
+        if load != ck.load and session.rank == 0:
+            resized["conversion"] = session.conversions[-1]
+        files = session._checkpoint("load", found_epoch, iteration, load)
     session.recoveries.append({
         "tier": chosen, "step": iteration, "reason": why, "checkpoint": latest.name if chosen == "persistent" else
         None, "skipped": latest.skipped, "how": latest.how, "requests": requests, "start": start, "found_at": found_at,
