@@ -66,7 +66,6 @@ def measure_save(args, root: str, layout: str) -> dict:
     ck = checkpointer(args, root, layout, MEASURED, num_checkpoints_read=0)
     files = ck.files(MEASURED)
     content = Content([f.size for f in files])
-    where = Path(ck.backend.uri(ck.write_dir(1)))
 
     def ours() -> float:
         t0 = time.perf_counter()
@@ -77,7 +76,8 @@ def measure_save(args, root: str, layout: str) -> dict:
         content.refill(seed=int(time.time()))
         t0 = time.perf_counter()
         for i, f in enumerate(files):
-            write_file(str(where / f.name), content.file(i), CHUNK)
+            # where ours writes it: a staged checkpoint's temporary folders (Orbax's) included
+            write_file(ck.backend.uri(ck.write_path(1, f.name)), content.file(i), CHUNK)
         return time.perf_counter() - t0
 
     nbytes = sum(f.size for f in files)

@@ -20,6 +20,10 @@ from test_recovery import LAYOUTS, SHAPE
 RESIZED = {**LAYOUTS, "deepspeed": ({}, {"zero_stage": 3}),
            "deepspeed_files": ({"deepspeed_files": "deepspeed"}, {"zero_stage": 3}),
            "deepspeed_zero1": ({}, {"zero_stage": 1})}
+#: model-parallel ZeRO saves, converted apart (not in RESIZABLE: the search tests keep DP-only shapes)
+MODEL_PARALLEL = {"deepspeed_tp2z1": ({}, {"zero_stage": 1, "tensor": 2}),
+                  "deepspeed_tp2z3": ({}, {"zero_stage": 3, "tensor": 2}),
+                  "deepspeed_pp2z1": ({}, {"zero_stage": 1, "pipeline": 2})}
 RESIZABLE = [name for name in RESIZED if name != "safetensors"]
 #: the requests rank 0 makes past the framework's search to learn the saved shape
 SHAPE_REQUESTS = {
@@ -33,7 +37,7 @@ SHAPE_REQUESTS = {
 
 
 def checkpointer(folder: Path, layout: str, ranks: int, rank: int, **checkpoint) -> Checkpointer:
-    extra, parallelism = RESIZED[layout]
+    extra, parallelism = {**RESIZED, **MODEL_PARALLEL}[layout]
     cfg = load_config(OmegaConf.create({
         "model": {**SHAPE, "parallelism": parallelism},
         "streaming": {"chunk_size": "1MiB", "read_size": "1MiB", "verify": True},
@@ -177,3 +181,26 @@ def test_a_zero_checkpoint_at_another_size_is_converted_as_ds_to_universal_conve
     saved_bytes = sum((folder / "global_epoch1_step1" / n).stat().st_size for n in saved)
     assert sum(x["read_files"] for x in figures) == len(saved) + fragments + 1
     assert sum(x["read_bytes"] for x in figures) > saved_bytes
+
+
+@pytest.mark.parametrize("layout", MODEL_PARALLEL)
+def test_a_model_parallel_zero_checkpoint_converts_and_loads_at_another_size(tmp_path, layout):
+    """TP 2 or PP 2 (model-parallel size 2), saved at 4 ranks (DP 2), loaded at 8
+    (DP 4): the fragments of every model-parallel rank merge into whole
+    parameters, and each of the 8 ranks reads its plan's files, every byte verified."""
+    folder = tmp_path / "ckpt"
+    saved_at(folder, layout, 4, steps=1)
+    cks = [resumed(folder, layout, 8, rank) for rank in range(8)]
+    job, refusal = resumed_job(cks[0].job, SavedShape(4, "names", model_parallel=2), 0, cks[0].cfg.parallelism, "f")
+    assert refusal is None
+    for ck in cks:
+        ck.use_job(job)
+    figures = converted(cks, "global_epoch1_step1")
+    assert not (folder / "global_epoch1_step1_universal" / "tmp").exists()
+    assert sum(f["deleted_files"] for f in figures) > 0
+    read = 0
+    for ck in cks:
+        read += sum(f.nbytes for f in ck.load(1))
+        ck.close()
+    assert read == cks[0].layout.summary(cks[0].cfg.shape, cks[0].cfg.parallelism, job,
+                                         cks[0].cfg.read_size)["bytes_read"]

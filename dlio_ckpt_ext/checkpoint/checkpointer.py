@@ -284,6 +284,11 @@ class Checkpointer:
                 self.cfg.shape, self.cfg.parallelism, self.job.saved_ranks)]:
             self.backend.prepare(d)
 
+    def write_path(self, step: int, name: str, epoch: int = 1) -> str:
+        """Where this run's save writes file `name` of checkpoint `step` before its
+        commit (a staged checkpoint's temporary folders included), below the root."""
+        return self._target(self.directory(step, epoch), self.write_dir(step, epoch), name)
+
     def _staged_item(self, directory: str, into: Optional[str]) -> Optional[tuple[str, str]]:
         """The layout's item folder and its temporary name while a staged checkpoint is written."""
         return self.layout.item_staging() if into and into != directory else None

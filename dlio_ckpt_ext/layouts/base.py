@@ -178,6 +178,10 @@ class Layout:
         (DeepSpeed's universal checkpoint beside it, at another world size)."""
         return directory
 
+    def read_files(self, m: ModelShape, p: Parallelism, job: LoadJob) -> dict[str, int]:
+        """Every file a load reads from, name -> size: the saved checkpoint's, or its conversion's."""
+        return self.saved_files(m, p, job.saved_ranks)
+
     def converts(self, p: Parallelism, job: LoadJob) -> bool:
         """Whether the load needs the checkpoint converted first (load_dir is then the conversion's)."""
         return False
@@ -244,7 +248,7 @@ class Layout:
         ask storage for them), bytes read against the checkpoint's size
         (amplification), and with sharing the bytes storage serves and the
         broadcast carries. O(ranks x ranges a rank reads)."""
-        files = self.saved_files(m, p, job.saved_ranks)
+        files = self.read_files(m, p, job)
         size = sum(files.values())
         shared = self.shares(job, share)
         owner_reads = self.owner_reads(job)

@@ -148,6 +148,17 @@ class DeepSpeed(Layout):
     def load_dir(self, p: Parallelism, job: LoadJob, directory: str) -> str:
         return universal_plan.universal_dir(directory) if self.converts(p, job) else directory
 
+    def read_files(self, m: ModelShape, p: Parallelism, job: LoadJob) -> dict[str, int]:
+        if not self.converts(p, job):
+            return super().read_files(m, p, job)
+        # the universal checkpoint: the model states copied, zero/ one folder a parameter
+        files = {f.name: f.size for s in range(job.saved_ranks) for f in self.saved(m, p, job, s).files
+                 if f.kind == "model"}
+        files[universal_plan.optimizer_state_file().name] = universal_plan.OPTIMIZER_STATE_BYTES
+        for x in universal_plan.params(m, p.tensor):
+            files.update((f.name, f.size) for f in universal_plan.merged_files(m, p, x))
+        return files
+
     def _universal(self, m: ModelShape, p: Parallelism, job: LoadJob, rank: int) -> list[ReadRange]:
         """The universal load on `rank` (universal_checkpoint.load_hp_checkpoint_state):
         zero/optimizer_state.pt, then each parameter it holds a slice of, every

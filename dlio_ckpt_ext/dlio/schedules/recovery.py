@@ -91,7 +91,7 @@ def resize(session, latest: discovery.Latest) -> dict:
         try:
             ck.layout.validate_job(cfg.shape, cfg.parallelism, job)
         except ConfigError as exc:
-            refusal = f"{where} was saved by {latest.saved.world} ranks: {exc}"
+            refusal = f"{where} was saved by {job.saved_ranks} ranks: {exc}"
     session._refuse_together(refusal, gathered=False)
     ck.use_job(job)
     saved = latest.saved
