@@ -177,6 +177,20 @@ def test_plan_command_at_1024_ranks_prints_and_writes_every_ranks_counts(tmp_pat
     assert "resharded" in res.stdout.splitlines()[0] and f"{data['bytes_read']}" in res.stdout
 
 
+def test_plan_command_takes_overrides_before_and_after_its_options(tmp_path):
+    out = tmp_path / "plan.json"
+    res = subprocess.run([sys.executable, "-m", "dlio_ckpt_ext.report", "plan", "--workload", "llama3_tiny_checkpoint",
+                          "++workload.checkpoint.restore=framework", "--ranks", "2", "--json", str(out),
+                          "++workload.checkpoint.saved_ranks=4", "++workload.checkpoint.num_checkpoints_write=0"],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    data = json.loads(out.read_text())
+    assert (data["pattern"], data["ranks"], data["saved_ranks"]) == ("framework", 2, 4)
+    res = subprocess.run([sys.executable, "-m", "dlio_ckpt_ext.report", "plan", "--workload", "llama3_tiny_checkpoint",
+                          "--ranks", "2", "--bogus"], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and "unrecognized arguments: --bogus" in res.stderr
+
+
 def test_plan_command_refuses_an_impossible_load_in_one_line():
     res = subprocess.run([sys.executable, "-m", "dlio_ckpt_ext.report", "plan", "--workload", "llama3_tiny_checkpoint",
                           "--ranks", "2", "++workload.checkpoint.saved_ranks=4"],

@@ -163,7 +163,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--local-share", type=float,
                    help="tiered runs: the share of failures the local tier recovers (default: 0 and 1, as bounds)")
     p.set_defaults(func=_goodput)
-    args = ap.parse_args(argv)
+    args, extra = ap.parse_known_args(argv)
+    if extra and getattr(args, "overrides", None) is not None and all("=" in e and not e.startswith("-")
+                                                                      for e in extra):
+        args.overrides = [*args.overrides, *extra]  # overrides given before an option and after it, in order
+    elif extra:
+        ap.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         return args.func(args)
     except (ResultsError, StorageError, ConfigError) as exc:
