@@ -17,4 +17,8 @@ setup(
     ]},
     install_requires=["hydra-core>=1.3", "omegaconf>=2.3", "numpy>=2", "dgen-py>=0.3", "s3dlio>=0.10", "mpi4py", "boto3",
                       "tqdm", "matplotlib"],
+    # storage_options.storage_library: the frameworks' own S3 clients (torch DCP's, Megatron's,
+    # Orbax's) and the fork's minio; each is imported only when chosen
+    extras_require={"clients": ["s3torchconnectorclient>=1.5", "multi-storage-client>=1.3", "tensorstore>=0.1.86",
+                                "minio>=7.2"]},
 )

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The real libraries' saves of our test shape, each recorded as a manifest
-# (fidelity/manifests/NAME.json) that tests/test_fidelity.py compares our layouts with.
+# (fidelity/manifests/NAME.json) that tests/test_fidelity.py compares our layouts with,
+# and their saves into an S3 server through their frameworks' own clients, each recorded
+# as a request manifest (fidelity/manifests/requests/NAME.json, fidelity/record_requests.py).
 #   fidelity/run.sh            every save below
 #   fidelity/run.sh dcp orbax  the saves whose names start with these
 # Builds its own virtual environment on Python 3.12, outside the repository and
@@ -53,6 +55,12 @@ safetensors-10MB-w1     save_hf.py         --world 1 --max-shard-size 10MB
 safetensors-default-w1  save_hf.py         --world 1
 "
 
+# NAME  SCRIPT  STORAGE_LIBRARY  ARGUMENTS: saved into a local SeaweedFS (bucket ckpt, prefix NAME)
+requests="
+dcp-fsdp2-s3torchconnector-w2  save_dcp.py       s3torchconnector  --world 2 --s3 s3://ckpt/dcp-fsdp2-s3torchconnector-w2
+megatron-dp-msc-w2             save_megatron.py  msc               --world 2 --msc msc://ckpt/megatron-dp-msc-w2
+"
+
 cd "$here/.."
 status=0
 while read -r name script args; do
@@ -71,4 +79,23 @@ while read -r name script args; do
   fi
   rm -rf "${scratch:?}/$name"
 done <<< "$saves"
+# the server: SeaweedFS from our own environment (run_scripts/setup.sh installs it there)
+ensure_env 2.0.0 3.12 >/dev/null
+while read -r name script library args; do
+  [ -n "$name" ] || continue
+  if [ $# -gt 0 ]; then
+    match=0
+    for want in "$@"; do case "$name" in "$want"*) match=1 ;; esac; done
+    [ $match = 1 ] || continue
+  fi
+  echo "=== $name (requests)"
+  # shellcheck disable=SC2086
+  if ! "$venv/bin/python" -m dlio_ckpt_ext.tools.local_s3 --bucket ckpt -- "$py" "$here/record_requests.py" \
+      --manifest "$here/manifests/requests/$name.json" --out "$scratch/$name" --prefix "$name" --library "$library" \
+      -- "$py" "$here/$script" --out "$scratch/$name" $args; then
+    echo "=== $name FAILED" >&2
+    status=1
+  fi
+  rm -rf "${scratch:?}/$name"
+done <<< "$requests"
 exit $status

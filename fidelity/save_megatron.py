@@ -5,6 +5,13 @@ Megatron-LM's get_model wraps it (Float16Module, then DistributedDataParallel),
 with the DistributedOptimizer built by megatron.core.optimizer.get_megatron_optimizer.
 
     python fidelity/save_megatron.py --out OUT --world N [--tp T] [--overlap-grad-reduce]
+    python fidelity/save_megatron.py --out OUT --world 2 --msc msc://ckpt/megatron
+
+With --msc, Megatron-LM saves there with --enable-msc, through NVIDIA's
+multi-storage-client: its profile (the URI's first part) an S3 provider on
+AWS_ENDPOINT_URL, bucket ckpt, the environment's keys, written to
+OUT/msc_config.json and named by MSC_CONFIG, as a job on an S3-compatible
+store configures it (fidelity/record_requests.py records its requests).
 
 The distributed optimizer's state is saved as Megatron-LM saves it by default
 (distrib_optim_sharding_type dp_reshardable: one flat tensor per Adam state and
@@ -120,14 +127,30 @@ def _megatron_argv(opts) -> list[str]:
             "--seq-length", "128", "--max-position-embeddings", "128",
             "--micro-batch-size", "1", "--global-batch-size", str(opts.world // opts.tp),
             "--bf16", "--use-distributed-optimizer", "--optimizer", "adam", "--lr", "1e-4",
-            "--train-iters", "10", "--save-interval", "1", "--save", os.path.join(opts.out, "ckpt"),
+            "--train-iters", "10", "--save-interval", "1", "--save", opts.msc or os.path.join(opts.out, "ckpt"),
             "--ckpt-format", "torch_dist", "--transformer-impl", "local", "--no-persist-layer-norm", "--no-gradient-accumulation-fusion",
             "--no-masked-softmax-fusion", "--no-bias-swiglu-fusion", "--use-cpu-initialization",
             "--tensor-model-parallel-size", str(opts.tp), "--pipeline-model-parallel-size", "1",
             "--seed", "1234"]
     if opts.overlap_grad_reduce:
         argv.append("--overlap-grad-reduce")
+    if opts.msc:
+        argv.append("--enable-msc")
     return argv
+
+
+def _msc_config(opts) -> None:
+    """multi-storage-client's profile for --msc's URI: an S3 provider on AWS_ENDPOINT_URL."""
+    profile = opts.msc[len("msc://"):].split("/", 1)[0]
+    config = {"profiles": {profile: {
+        "storage_provider": {"type": "s3", "options": {"base_path": "ckpt", "endpoint_url": os.environ["AWS_ENDPOINT_URL"],
+                                                       "region_name": os.environ.get("AWS_REGION", "us-east-1")}},
+        "credentials_provider": {"type": "S3Credentials", "options": {
+            "access_key": os.environ["AWS_ACCESS_KEY_ID"], "secret_key": os.environ["AWS_SECRET_ACCESS_KEY"]}}}}}
+    path = os.path.join(opts.out, "msc_config.json")
+    with open(path, "w") as f:
+        json.dump(config, f)
+    os.environ["MSC_CONFIG"] = path
 
 
 def _worker(rank: int, opts) -> None:
@@ -227,7 +250,8 @@ def _write_info(opts, args, ddp_config, buckets, num_parameters) -> None:
     from importlib.metadata import version
     info = {
         "library": "megatron-core", "version": version("megatron-core"),
-        "libraries": {"torch": version("torch")},
+        "libraries": {"torch": version("torch"),
+                      **({"multi-storage-client": version("multi-storage-client")} if opts.msc else {})},
         "layout": "megatron",
         "variant": f"tp{opts.tp}-dp{opts.world // opts.tp}" + ("-overlap-grad-reduce" if opts.overlap_grad_reduce else ""),
         "writer": "megatron.training.checkpointing.save_checkpoint(1, model, optimizer, opt_param_scheduler, 0, "
@@ -258,11 +282,14 @@ def main(argv=None) -> int:
     ap.add_argument("--tp", type=int, default=1)
     ap.add_argument("--overlap-grad-reduce", action="store_true",
                     help="Megatron-LM's --overlap-grad-reduce: buckets of max(40M, 1M x DP) parameters")
+    ap.add_argument("--msc", default="", help="save to this msc:// URI through multi-storage-client instead")
     opts = ap.parse_args(argv)
     if opts.world % opts.tp:
         ap.error("--world must be a multiple of --tp")
     opts.out = os.path.abspath(opts.out)
     os.makedirs(opts.out, exist_ok=True)  # OUT/ckpt and the iteration folder: Megatron-LM makes them
+    if opts.msc:
+        _msc_config(opts)
     opts.port = _free_port()
     import torch.multiprocessing as mp
     mp.start_processes(_worker, args=(opts,), nprocs=opts.world, start_method="spawn")

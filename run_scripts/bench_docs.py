@@ -27,6 +27,7 @@ BENCHES = {
     "s3_bench": "object storage against raw s3dlio",
     "remote_bench": "remote object storage through the emulated link",
     "cloud_bench": "Azure Blob and GCS against each cloud's own SDK",
+    "client_bench": "one preset through each client library (storage_library): GiB/s, requests, CPU, memory",
     "restore_bench": "restores: each load pattern against raw reads of the same ranges",
     "model_load_bench": "model loads: each pattern against the real loader it emulates",
     "layout_bench": "layouts: Megatron-LM's and Orbax's save and load against raw I/O",

@@ -96,9 +96,8 @@ def test_chunk_size_auto_is_the_part_size_on_s3_and_32_mib_elsewhere(storage, ch
     ("direct_fs", "/tmp", {"write_mode": "buffered"}, "write_mode",
      "direct with storage_type direct_fs (O_DIRECT both ways); for buffered I/O use storage_type local_fs"),
     ("direct_fs", "/tmp", {"read_mode": "buffered"}, "read_mode", "direct with storage_type direct_fs"),
-    ("s3", "s3://b/p", {"storage_library": "minio"}, "storage_library",
-     "s3dlio (this mechanism writes and reads objects through s3dlio; the fork's minio and s3torchconnector "
-     "clients belong to its own checkpoint mechanisms)"),
+    ("s3", "s3://b/p", {"storage_library": "boto"}, "storage_library",
+     "s3dlio, s3torchconnector, minio, msc, tensorstore, framework"),
     ("s3", "s3://b/p", {"uri_scheme": "gs"}, "uri_scheme", "s3, file, direct"),
     ("s3", "s3://b/p", {"uri_scheme": "file"}, "uri_scheme", "s3 (the scheme of storage_root s3://b/p), or unset"),
 ])

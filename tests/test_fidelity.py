@@ -160,3 +160,67 @@ def test_results_say_what_the_framework_itself_would_wait_for(tmp_path, layout, 
     assert f"  {'durability':28s} {said}" in results_block("save", report, durability=said)
     unsynced = ours.config({**m, "ours": {"checkpoint": {"fsync": False}}}, str(tmp_path / "b"))
     assert Checkpointer(unsynced, 0, 2, 2).durability().startswith("no fsync (checkpoint.fsync=false)")
+
+
+def request_manifests() -> list[Path]:
+    return sorted((Path(compare.MANIFESTS) / "requests").glob("*.json"))
+
+
+#: the preset whose layout each request manifest's save writes
+PRESETS = {"dcp": "torchtitan_llama3_8b_checkpoint", "megatron": "megatron_llama3_8b_checkpoint",
+           "orbax": "maxtext_llama3_8b_checkpoint"}
+
+
+def overrides(sections: dict, prefix: str = "++workload.") -> list[str]:
+    out = []
+    for key, value in sections.items():
+        out += overrides(value, f"{prefix}{key}.") if isinstance(value, dict) else [f"{prefix}{key}={value}"]
+    return out
+
+
+def sizes(counted: dict) -> list[int]:
+    """{size: count} as the sorted sizes, each as often as counted."""
+    return sorted(int(size) for size, n in counted.items() for _ in range(n))
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("path", request_manifests(), ids=lambda p: p.stem)
+def test_our_run_through_the_frameworks_client_sends_the_real_saves_requests(path, s3, tmp_path):
+    """DLIO saves the manifest's shape at its world size through the same client library, behind the
+    same recording front (fidelity/request_front.py) as the real save was: the same requests by kind
+    on the same objects, the same part and PUT sizes, the same copies and conditional writes. Our
+    run's own bookkeeping (its ownership marker, its inventory) is left out; the most in
+    flight depends on how fast each side hands its bytes over, so it is printed beside the real one
+    and only bounded."""
+    import json
+
+    from conftest import BUCKET
+    from dlio_run import run_dlio
+    from request_front import front_for, summary
+    from dlio_ckpt_ext.result_files import OWNER_FILE
+    m = load(path)
+    want = m["requests"]
+    sections = ours.workload({**m, "ours": OURS.get(m["layout"], {})}, "unused")
+    sections["checkpoint"].pop("checkpoint_folder")
+    front = front_for(s3.endpoint)
+    try:
+        run = run_dlio(tmp_path, m["world_size"], PRESETS[m["layout"]], *overrides(sections),
+                       "++workload.storage.storage_type=s3", f"++workload.storage.storage_root=s3://{BUCKET}/{path.stem}",
+                       f"++workload.storage.storage_options.storage_library={m['storage_library']}",
+                       env={**s3.env(), "AWS_ENDPOINT_URL": front.endpoint})
+    finally:
+        front.stop()
+    assert run.returncode == 0, run.stderr[-3000:]
+    root = json.loads((run.out / "manifest.json").read_text())["storage"]["root"]
+    prefix = "/" + root.split("://", 1)[1] + "/"
+    # our run's own bookkeeping: its ownership marker, its inventory's listing and its read-back of the
+    # save root's tracker (it must name the checkpoint just saved)
+    got = summary(front.records, prefix, record.normalise, skip=lambda r, name: name == OWNER_FILE or r["kind"] == "ListObjects" or (
+        r["kind"] == "GetObject" and "/" not in name))
+    print(f"most in flight: ours {got['max_in_flight']}, the real save's {want['max_in_flight']}")
+    for key in ("by_kind", "conditional", "copies", "objects"):
+        assert got[key] == want[key], key
+    for key in ("upload_part_sizes", "put_sizes"):  # a file's last part: its size, as our files' sizes match
+        assert len(sizes(got[key])) == len(sizes(want[key])) and all(
+            compare.same_size(a, b) for a, b in zip(sizes(want[key]), sizes(got[key]))), (key, got[key], want[key])
+    assert want["max_in_flight"] / 4 <= got["max_in_flight"] <= want["max_in_flight"] * 4

@@ -593,3 +593,17 @@ def test_datasize_matches_the_plans_exact_bytes(tmp_path):
     assert f"  per checkpoint: {sum(per_rank)} bytes" in res.stdout
     assert f"  capacity for 10 checkpoints: {sum(per_rank) * 10} bytes" in res.stdout
     assert "at least 3x its memory (192.00 GiB)" in res.stdout
+
+
+@pytest.mark.parametrize("library, line", [
+    ("msc", "4.6.3 storage.storage_options.storage_library=msc: CLOSED moves the bytes through a client the "
+            "reference (MLCommons' DLIO fork) offers, s3dlio, minio, s3torchconnector; msc is OPEN"),
+    ("minio", None), ("s3torchconnector", None), ("s3dlio", None)])
+def test_closed_takes_the_object_clients_the_fork_offers_and_refuses_the_others_by_rule(tmp_path, library, line):
+    res = submit(*CLOSED_8B, "--dry-run", "--results-dir", str(tmp_path / "r"), "--checkpoint-folder", "ckpt8b",
+                 "--", "++workload.storage.storage_type=s3", "++workload.storage.storage_root=s3://bucket/mlperf",
+                 f"++workload.storage.storage_options.storage_library={library}", cwd=tmp_path, timeout=120)
+    assert "Traceback" not in res.stderr
+    rules = [l for l in res.stdout.splitlines() if l.startswith("[submit] CLOSED rule: ")]
+    assert rules == ([f"[submit] CLOSED rule: {line}"] if line else []), res.stdout + res.stderr
+    assert res.returncode == (2 if line else 0)

@@ -33,7 +33,7 @@ class Checkpointer:
         sto = cfg.storage
         self.root = join_root(sto.storage_root, cfg.checkpoint.checkpoint_folder)
         self.backend: Backend = open_backend(sto.storage_type, self.root, dict(sto.storage_options),
-                                             cfg.checkpoint.fsync, self.cpu_share)
+                                             cfg.checkpoint.fsync, self.cpu_share, cfg.checkpoint.layout)
         self.threads = ThreadBudget(self.cpu_share, cfg.streaming.gen_threads)
         self.pool: BufferPool | None = None
         self.read_pool: BufferPool | None = None
@@ -209,8 +209,7 @@ class Checkpointer:
                                "requests_in_flight": out["save"]["requests_in_flight"] * self.cfg.concurrent_files,
                                "note": "per object; a file is closed after the next one's bytes were sent"}
         if c.num_checkpoints_read:
-            out["load"] = {"requests_in_flight": self.cfg.read_parallelism, "request_bytes": self.cfg.read_size,
-                           "note": "per file or range read, at most one request per read_size piece of it"}
+            out["load"] = self.backend.read_concurrency(self.cfg.read_parallelism, self.cfg.read_size)
         return out
 
     def durability(self) -> str:
@@ -278,6 +277,12 @@ class Checkpointer:
         if self.rank == 0:
             self._make_dirs(directory, into)
         barrier()
+
+    def _probe(self, directory: str) -> None:
+        """The layout's framework asks, on every rank, whether the checkpoint is already there
+        (DCP's overwrite check: a HEAD of .metadata on object storage)."""
+        if self.layout.existence_probe:
+            self.backend.exists(f"{directory}/{self.layout.existence_probe}")
 
     def _make_dirs(self, directory: str, into: str) -> None:
         for d in [into] + [self._target(directory, into, sub) for sub in self.layout.subdirs(
@@ -352,10 +357,13 @@ class Checkpointer:
         temporary name (f.tmp_suffix), closed, then renamed, as its framework
         commits it. Returns the files closed, named as they end."""
         path = self._target(directory, into, f.name)
-        staged = f"{path}{f.tmp_suffix}" if f.tmp_suffix and self.backend.has_directories else path
+        renames = self.backend.has_directories or self.backend.renames_objects
+        staged = f"{path}{f.tmp_suffix}" if f.tmp_suffix and renames else path
         closed = send(self._named(staged))
         if staged != path:
             closed += window.close_all() if window else []
+            if f.name == self.layout.existence_probe and self.backend.exists(path):  # DCP's finish()
+                self.backend.delete_file(path)
             self.backend.rename(staged, path)
             closed = [replace(c, name=c.name[:-len(f.tmp_suffix)]) if c.name.endswith(staged) else c for c in closed]
         return closed
@@ -412,6 +420,7 @@ class Checkpointer:
         `barrier` (every rank's) brackets the commit."""
         directory, into = self.directory(step, epoch), self.write_dir(step, epoch)
         self._prepare(directory, into, barrier)
+        self._probe(directory)
         return self._save_generated(directory, self.files(self.rank), progress, step, into) + \
             self._commit(directory, barrier, progress, step, into)
 
@@ -434,6 +443,7 @@ class Checkpointer:
         """Async mode, in the background: write the staged files, then commit."""
         directory, into = self.directory(step, epoch), self.write_dir(step, epoch)
         self._prepare(directory, into, barrier)
+        self._probe(directory)
         area = self.staging_area()
         saved = []
         for f in self.files(self.rank):

@@ -12,6 +12,7 @@ import os
 import statistics
 
 from dlio_ckpt_ext.engine.profile import GiB, SLOW_FLOOR_S, SLOW_MULTIPLE, FileStats
+from dlio_ckpt_ext.storage.libraries import requests
 from dlio_ckpt_ext.storage.retries import KEYS as RETRY_KEYS
 
 #: a rank's CPU inside a checkpoint's window (engine/profile.usage_since)
@@ -19,13 +20,14 @@ USAGE_KEYS = ("cpu_user_s", "cpu_sys_s", "minor_faults")
 
 
 def local_record(step: int, files: list[FileStats], start: float, end: float, usage: dict | None = None,
-                 retried: dict | None = None) -> dict:
+                 retried: dict | None = None, requested: dict | None = None) -> dict:
     """This rank's part of one checkpoint: wall-clock start/end around its files,
-    the process's CPU seconds and minor page faults between them, and the
-    requests its client saw throttled or retried (None: a client that cannot tell)."""
+    the process's CPU seconds and minor page faults between them, the
+    requests its client saw throttled or retried (None: a client that cannot tell),
+    and the requests by kind a client library sent (None: s3dlio's, counted by the server)."""
     return {"step": step, "start": start, "end": end, "elapsed_s": end - start,
             "bytes": sum(f.nbytes for f in files), **(usage or dict.fromkeys(USAGE_KEYS, 0)),
-            "retries": retried, "files": [f.to_dict() for f in files]}
+            "retries": retried, "requests": requested, "files": [f.to_dict() for f in files]}
 
 
 #: share=broadcast: what a rank's load received from the other readers, and its seconds
@@ -37,7 +39,7 @@ def window_part(record: dict, rank: int, host: str, replica: int | None = None) 
     chunk detail (gathered from every rank, it must stay O(1) per rank);
     replica: a model load's serving replica the rank belongs to."""
     return {k: record[k] for k in ("step", "start", "end", "elapsed_s", "bytes", *USAGE_KEYS)} | \
-        {"retries": record.get("retries")} | \
+        {"retries": record.get("retries"), "requests": record.get("requests")} | \
         {k: record[k] for k in BROADCAST_KEYS if k in record} | {"rank": rank, "host": host} | \
         ({"replica": replica} if replica is not None else {})
 
@@ -87,7 +89,8 @@ def global_window(records_by_rank: list[dict]) -> dict:
             "slowest_host": slow_host, "hosts": per_host,
             **{k: sum(r[k] for r in records_by_rank) for k in USAGE_KEYS},
             **{k: sum(r[k] for r in records_by_rank) for k in BROADCAST_KEYS if k in records_by_rank[0]},
-            "retries": window_retries(records_by_rank), **replicas}
+            "retries": window_retries(records_by_rank),
+            "requests": requests.summed([r.get("requests") for r in records_by_rank]), **replicas}
 
 
 def window_retries(records_by_rank: list[dict]) -> dict | None:
@@ -120,6 +123,23 @@ def phase_retries(windows: list[dict]) -> dict | None:
             "throttled_ranks": sorted({r for c in counted for r in c["throttled_ranks"]}),
             "throttled_hosts": dict(sorted(hosts.items())),
             "throttled_steps": [w["step"] for w in windows if (w.get("retries") or {}).get("throttled")]}
+
+
+def request_lines(windows: list[dict], storage: dict) -> list[str]:
+    """RESULTS' line, where a client library other than s3dlio moved the bytes: its requests by kind
+    over every rank and window of the phase, and the library with its settings."""
+    counted = requests.summed([w.get("requests") for w in windows])
+    if counted is None:
+        return []
+    settings = ", ".join(f"{k} {v >> 20} MiB" if k.endswith("size") or k.endswith("threshold") else f"{k} {v}"
+                         for k, v in storage.items() if k in LIBRARY_SETTINGS)
+    return [f"  {'client library':28s} {storage['storage_library']} {storage['library_version']} ({settings})",
+            f"  {'requests (all ranks)':28s} " + (", ".join(f"{k} {n}" for k, n in counted.items()) or "none")]
+
+
+#: a client library's settings worth a word in RESULTS (storage/libraries/*.py settings())
+LIBRARY_SETTINGS = ("part_size", "multipart_threshold", "parallel_uploads", "max_concurrency", "files_at_once",
+                    "s3_request_concurrency", "holds_whole_files", "single_put_per_file")
 
 
 def listed(values: list, shown: int = 8) -> str:
@@ -346,7 +366,8 @@ def results_block(phase: str, report: dict, cache_method: str = "", concurrency:
             [f"  {'page cache':28s} {cache_method}"] if cache_method else []) + (
             [f"  {'durability':28s} {durability}"] if durability else []) + (
             [f"  {'requests in flight':28s} {concurrency['requests_in_flight']} x "
-             f"{concurrency['request_bytes'] / 2**20:g} MiB per rank"
+             + (f"{concurrency['request_bytes'] / 2**20:g} MiB" if concurrency["request_bytes"] else "a whole file")
+             + " per rank"
              + (f" ({concurrency['files_at_once']} files at once)" if "files_at_once" in concurrency else "")]
             if concurrency else [])
 

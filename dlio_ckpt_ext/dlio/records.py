@@ -140,6 +140,8 @@ def write_rank_stats(session: CheckpointSession, totals: dict) -> None:
         "stalls": session.stall_watch.stalls,
         # the whole run's, listings and markers included (each checkpoint's own are in its record)
         "retries_total": ck.backend.retry_counts(),
+        # a client library's requests by kind, where it is not s3dlio (storage/libraries/requests.py)
+        "requests_total": ck.backend.request_counts(),
         "peak_rss_bytes": peak_rss_bytes(), "buffer_bytes": session.rank_buffer_bytes,
         "buffer_huge_page_bytes": huge_page_bytes(),
         "staging_bytes": ck.staging.nbytes if ck.staging is not None else 0,

@@ -33,6 +33,7 @@ def lines(session, reports: dict) -> list[str]:
             lines += metrics.client_cpu_lines(phase, reports[phase]["client_cpu"])
             reports[phase]["retries"] = metrics.phase_retries(session.windows[phase])
             lines += metrics.retry_lines(reports[phase]["retries"])
+            lines += metrics.request_lines(session.windows[phase], backend.describe())
             lines += metrics.slow_request_lines(reports[phase]["slow_requests"],
                                                 reports[phase]["retries"] is not None)
             lines += metrics.skew_lines(phase, session.windows[phase], session.stalls)

@@ -34,6 +34,7 @@ from dlio_ckpt_ext.engine.profile import (FileStats, phase_report, phase_totals,
                                           usage_since)
 from dlio_ckpt_ext.errors import ConfigError
 from dlio_ckpt_ext.storage import retries
+from dlio_ckpt_ext.storage.libraries import requests
 from dlio_ckpt_ext.checkpoint.memory import check_memory
 
 PHASES = ("save", "load")
@@ -301,7 +302,7 @@ class CheckpointSession:
         label = self.label(step, epoch)
         with self.abort_on_error(f"checkpoint {phase} {label}"), progress.progress(self, phase, label) as bar, \
                 progress.span(self, phase, label):
-            start, usage, retried = time.time(), process_usage(), self.checkpointer.backend.retry_counts()
+            start, usage, counted = time.time(), process_usage(), self.client_counts()
             self.stall_watch.begin(phase, label)
             try:
                 files = action(step, epoch, progress.ticking(self, bar))
@@ -309,7 +310,7 @@ class CheckpointSession:
                 self.stall_watch.end()
             end = time.time()
             usage = usage_since(usage)
-        record = metrics.local_record(label, files, start, end, usage, self._retries_since(retried))
+        record = metrics.local_record(label, files, start, end, usage, *self.client_since(counted))
         if phase == "load" and self.sharing is not None:
             record.update(self.checkpointer.last_broadcast)
         self.local[phase].append(record)
@@ -317,9 +318,15 @@ class CheckpointSession:
         self._keep_window(phase, record)
         return files
 
-    def _retries_since(self, before: Optional[dict]) -> Optional[dict]:
-        """The throttles and retries this rank's client counted since `before` (None: it cannot count)."""
-        return retries.since(before, self.checkpointer.backend.retry_counts())
+    def client_counts(self) -> tuple[Optional[dict], Optional[dict]]:
+        """This rank's client's tallies now: throttles and retries, requests by kind (None: not counted)."""
+        backend = self.checkpointer.backend
+        return backend.retry_counts(), backend.request_counts()
+
+    def client_since(self, before: tuple[Optional[dict], Optional[dict]]) -> tuple[Optional[dict], Optional[dict]]:
+        """What this rank's client counted since `before` (client_counts): retries, requests by kind."""
+        now = self.client_counts()
+        return retries.since(before[0], now[0]), requests.since(before[1], now[1])
 
     def _keep_window(self, phase: str, record: dict) -> None:
         """With rank_sync (the ranks meet after each checkpoint anyway), rank 0

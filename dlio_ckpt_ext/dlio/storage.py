@@ -34,6 +34,14 @@ from dlio_ckpt_ext.storage.posix import PosixBackend, PosixOptions
 OUR_TYPES = {"local_fs", "parallel_fs", "s3", "direct_fs"}
 
 
+def _layout() -> str:
+    """The running workload's checkpoint layout (storage_library=framework names its client)."""
+    try:
+        return str(OmegaConf.select(context.get_workload(), "checkpoint.layout", default="") or "")
+    except RuntimeError:  # no workload of ours: a layout's client is never asked for
+        return ""
+
+
 class StreamingStorage(DataStorage):
     """DLIO's DataStorage interface over one of our backends, rooted at storage_root.
 
@@ -48,7 +56,7 @@ class StreamingStorage(DataStorage):
         """data_folder: DLIO's dataset.data_folder."""
         super().__init__(None)  # no framework: its native I/O is never used here
         self.storage_type = storage_type
-        self.backend: Backend = open_backend(storage_type, namespace, dict(options or {}))
+        self.backend: Backend = open_backend(storage_type, namespace, dict(options or {}), layout=_layout())
         kind = NamespaceType.FLAT if storage_type == "s3" else NamespaceType.HIERARCHICAL
         self.namespace = Namespace(namespace, kind)
         self.data_folder = posixpath.normpath(data_folder) if data_folder else ""

@@ -70,6 +70,9 @@ class Backend(ABC):
 
     #: True when a file needs its directory made first (object stores have none)
     has_directories: bool = True
+    #: True when its client renames an object (a copy and a delete), as the framework it stands for
+    #: commits a file written under a temporary name; object stores otherwise write in place
+    renames_objects: bool = False
     #: True when every writer it opens is zero_copy: no write pool is needed
     lends_write_memory: bool = False
     #: True when its readers lend their memory: the read pool only counts requests
@@ -123,12 +126,18 @@ class Backend(ABC):
         """Remove directory if it is empty (object stores have none)."""
 
     def rename(self, src: str, dst: str) -> None:
-        """Rename directory src to dst, on storage with directories (a commit by rename)."""
+        """Rename directory src to dst, on storage with directories (a commit by rename), or
+        object src to dst where renames_objects."""
         raise NotImplementedError(f"{type(self).__name__} cannot rename {src}")
 
     def write_concurrency(self, chunk_size: int) -> dict:
         """Writes in flight per rank: the engine writes each file's chunks in order."""
         return {"requests_in_flight": 1, "request_bytes": chunk_size}
+
+    def read_concurrency(self, requests_in_flight: int, request_bytes: int) -> dict:
+        """Reads in flight per rank: the engine's read_parallelism requests of read_size."""
+        return {"requests_in_flight": requests_in_flight, "request_bytes": request_bytes,
+                "note": "per file or range read, at most one request per read_size piece of it"}
 
     def write_marker(self, path: str, data: bytes) -> None:
         """A small file (a run's ownership marker), written whole, replacing any."""
@@ -158,6 +167,11 @@ class Backend(ABC):
         """This process's throttled, retried and given-up requests so far
         ({throttled, retried, gave_up}, storage/retries.py), or None where the
         client cannot tell (a file system has no throttles to count)."""
+        return None
+
+    def request_counts(self) -> Optional[dict]:
+        """This process's requests by kind so far (storage/libraries/requests.py), or
+        None where they are not counted here (s3dlio's are counted by the server only)."""
         return None
 
     def chunk_warning(self, chunk_size: int) -> Optional[str]:

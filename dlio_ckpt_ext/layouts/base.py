@@ -45,6 +45,10 @@ class Layout:
     has_buckets = False
     #: checkpoint.deepspeed_files means something to it (DeepSpeed's own files beside DLIO's)
     has_framework_files = False
+    #: a file of the checkpoint every rank asks about before it writes, and the commit again before
+    #: renaming onto it (torch DCP's FileSystemWriter: its overwrite check and finish()); on object
+    #: storage each is a HEAD, a stat on a file system
+    existence_probe = ""
     #: its checkpoint names carry DLIO's epoch beside the step (DLIO's own names);
     #: the others name a checkpoint by the training iteration alone, as their frameworks do
     names_epoch = False

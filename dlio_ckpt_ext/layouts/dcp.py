@@ -126,6 +126,7 @@ def metadata_bytes(m: ModelShape, world: int) -> int:
 class DCP(Layout):
     name = "dcp"
     committed = True
+    existence_probe = METADATA
     framework = "torch.distributed.checkpoint"
     reshards = "DCP's resharding (each saved item overlapping a rank's new rows, read whole)"
     durability = "each .distcp fsynced, then .metadata.tmp fsynced and renamed (no folder fsync)"

@@ -11,9 +11,10 @@ __all__ = ["Backend", "Reader", "Writer", "open_backend"]
 
 
 def open_backend(storage_type: str, root: str, options: dict, fsync: bool = True,
-                 cpu_share: Optional[float] = None) -> Backend:
+                 cpu_share: Optional[float] = None, layout: str = "") -> Backend:
     """The backend for `root` (a directory, or a URI for object storage);
-    cpu_share: the CPUs the rank may use (sizes s3dlio's runtime; default all usable)."""
+    cpu_share: the CPUs the rank may use (sizes s3dlio's runtime; default all usable);
+    layout: the checkpoint layout, whose framework's client storage_library=framework names."""
     prefix = "workload.storage.storage_options."
     if storage_type in ("local_fs", "parallel_fs", "direct_fs"):
         from dlio_ckpt_ext.storage.posix import PosixBackend, PosixOptions
@@ -34,6 +35,11 @@ def open_backend(storage_type: str, root: str, options: dict, fsync: bool = True
         from dlio_ckpt_ext.storage.gcs import GcsBackend
         return GcsBackend(root, opts)
     if storage_type == "s3":
+        from dlio_ckpt_ext.storage import libraries
         from dlio_ckpt_ext.storage.objstore import ObjectBackend, ObjectOptions
-        return ObjectBackend(root, structured(ObjectOptions, options, prefix), cpu_share)
+        opts = structured(ObjectOptions, options, prefix)
+        library = libraries.resolve(opts.storage_library, layout)
+        if library == "s3dlio":
+            return ObjectBackend(root, opts, cpu_share)
+        return libraries.backend_class(library)(root, opts, cpu_share)
     raise ConfigError("workload.storage.storage_type", storage_type, ", ".join(STORAGE_TYPES))

@@ -40,8 +40,8 @@ class CloudOptions:
     def validate(self, key: str) -> None:
         if self.storage_library not in (None, "s3dlio"):
             raise ConfigError(key + "storage_library", self.storage_library,
-                              "s3dlio or unset (az:// and gs:// go through the clouds' own SDKs; the fork's minio "
-                              "and s3torchconnector clients belong to its own checkpoint mechanisms)")
+                              "s3dlio or unset (az:// and gs:// go through the clouds' own SDKs; the other "
+                              "client libraries are S3 clients, for s3:// roots)")
         for name in ("max_in_flight", "operation_timeout_s", "connect_timeout_s", "max_attempts"):
             value = getattr(self, name)
             if isinstance(value, bool) or value < 1:

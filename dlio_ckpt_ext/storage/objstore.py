@@ -58,17 +58,18 @@ class ObjectOptions:
     max_attempts: int = 0                    # attempts per request, the first included (3)
     # count throttled and retried requests from s3dlio's debug log (storage/s3dlio_log.py); False leaves its log alone
     count_retries: bool = True
-    # MLCommons' DLIO fork requires storage_library with storage_type s3 (minio,
-    # s3dlio or s3torchconnector: its own mechanisms' clients); this mechanism's
-    # object I/O is s3dlio's, so that is the one value with a meaning here
+    # the client library the bytes go through (docs/object-storage.md, "Client libraries"): s3dlio
+    # (MLPerf's, these options' other keys are its), s3torchconnector (torch DCP's), msc (Megatron's
+    # multi-storage-client), tensorstore (Orbax's), minio, or framework: the layout's framework's client.
+    # The others use their own part sizes and pools, as their frameworks do. MLCommons' fork requires
+    # the key with storage_type s3 (s3dlio, minio or s3torchconnector)
     storage_library: str = "s3dlio"
     uri_scheme: Optional[str] = None         # the fork's scheme option: s3, file or direct; must match the root
 
     def validate(self, key: str) -> None:
-        if self.storage_library != "s3dlio":
-            raise ConfigError(key + "storage_library", self.storage_library,
-                              "s3dlio (this mechanism writes and reads objects through s3dlio; the fork's "
-                              "minio and s3torchconnector clients belong to its own checkpoint mechanisms)")
+        from dlio_ckpt_ext.storage.libraries import FRAMEWORK, LIBRARIES, choices
+        if self.storage_library not in (*LIBRARIES, FRAMEWORK):
+            raise ConfigError(key + "storage_library", self.storage_library, choices())
         if self.uri_scheme is not None and self.uri_scheme not in SCHEMES:
             raise ConfigError(key + "uri_scheme", self.uri_scheme, ", ".join(SCHEMES))
         s3_part_size(key + "part_size", self.part_size)

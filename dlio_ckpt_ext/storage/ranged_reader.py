@@ -19,8 +19,11 @@ class PlannedRangeReader(Reader):
     lends_memory = True
 
     def __init__(self, uri: str, size: Optional[int], get_range: Callable[[int, int], bytes],
-                 stat: Callable[[], int]) -> None:
+                 stat: Callable[[], int], probe: bool = True) -> None:
+        """probe=False: never ask for the byte past the planned end (a client that
+        splits requests at its part size would send one more GET for it)."""
         self.uri, self.planned, self._get_range, self._stat = uri, size, get_range, stat
+        self._probes = probe
         self._size: Future = Future()
         if size is None:
             self._size = _STAT_POOL.submit(stat)
@@ -32,7 +35,7 @@ class PlannedRangeReader(Reader):
         return self._size.result()
 
     def read(self, offset: int, length: int) -> memoryview:
-        probe = self.planned is not None and offset + length == self.planned
+        probe = self._probes and self.planned is not None and offset + length == self.planned
         data = memoryview(self._get_range(offset, length + probe))
         if probe and len(data) > length:  # longer than planned: its real size, for the error
             self._size = _STAT_POOL.submit(self._stat)

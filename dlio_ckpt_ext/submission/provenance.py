@@ -109,19 +109,26 @@ def dlio_stamp() -> tuple[dict, str]:
 OBJECT_LIBRARIES = {"s3": "s3dlio", "az": "azure-storage-blob", "gs": "google-cloud-storage"}
 
 
-def storage_library(checkpoint_root: str) -> tuple[dict, str]:
+def storage_library(checkpoint_root: str, chosen: Optional[str] = None) -> tuple[dict, str]:
+    """The client library the run's bytes went through: on s3://, storage_options.storage_library's
+    (`chosen`, resolved; s3dlio by default), named as the run chose it, its package's version."""
     scheme = checkpoint_root.split("://", 1)[0] if "://" in checkpoint_root else ""
     library = OBJECT_LIBRARIES.get(scheme)
     if library is None:
         return {"name": "none"}, "n/a"
-    version = _version(library)
+    package = library
+    if scheme == "s3" and chosen:
+        from dlio_ckpt_ext.storage.libraries import LIBRARIES
+        library, package = chosen, LIBRARIES[chosen][1]
+    version = _version(package)
     return {"name": library, "version": version or UNKNOWN}, "package-metadata" if version else "unknown"
 
 
-def stamp(parameters: dict, digest: str, checkpoint_root: str, layout_version: int) -> dict:
+def stamp(parameters: dict, digest: str, checkpoint_root: str, layout_version: int,
+          library_chosen: Optional[str] = None) -> dict:
     """provenance.json for one timestamp folder."""
     dlio, dlio_tag = dlio_stamp()
-    library, library_tag = storage_library(checkpoint_root)
+    library, library_tag = storage_library(checkpoint_root, library_chosen)
     config = core_config(parameters)
     ours = md.version("dlio-ckpt-ext")
     sources = code_image.code_sources()

@@ -32,6 +32,8 @@ from dlio_ckpt_ext.result_files import RECORD_FILE
 from dlio_ckpt_ext.errors import ConfigError
 from dlio_ckpt_ext.executables import find_executable
 from dlio_ckpt_ext.redact import redact_args, redact_text, redact_tree
+from dlio_ckpt_ext.storage import libraries
+from dlio_ckpt_ext.storage.libraries import FORK_LIBRARIES
 from dlio_ckpt_ext.report.results import flatten
 from dlio_ckpt_ext.tools.presets import compose_config, presets  # noqa: F401 (presets: for callers)
 
@@ -126,6 +128,13 @@ def check_closed_rules(sub: Submission, cfg: RunConfig, can_drop_cache: bool, ra
     if c.resume:
         out.append(f"4.6.3 checkpoint.resume={c.resume}: CLOSED reads the checkpoints in turn; a restart's search "
                    "for the newest whole one is OPEN")
+    library = object_library(cfg)
+    if library not in (None, *FORK_LIBRARIES):
+        given = cfg.storage.storage_options.get("storage_library")
+        out.append(f"4.6.3 storage.storage_options.storage_library={given}"
+                   + (f" ({library})" if given != library else "")
+                   + f": CLOSED moves the bytes through a client the reference (MLCommons' DLIO fork) offers, "
+                   f"{', '.join(FORK_LIBRARIES)}; {library} is OPEN")
     if not can_drop_cache:
         for i, host in enumerate(sub.hosts):
             ranks = range(i * sub.ranks_per_host, (i + 1) * sub.ranks_per_host)
@@ -136,6 +145,14 @@ def check_closed_rules(sub: Submission, cfg: RunConfig, can_drop_cache: bool, ra
             out.append(f"4.3.1 host {host} writes {written / 2**30:.1f} GiB, less than 3x its RAM "
                        f"({3 * ram_bytes / 2**30:.1f} GiB) and the page cache cannot be dropped (not root)")
     return out
+
+
+def object_library(cfg: RunConfig) -> Optional[str]:
+    """The client library an s3:// run's bytes go through (storage_options.storage_library,
+    `framework` resolved for the layout); None off S3."""
+    if cfg.storage.storage_type != "s3" or not str(cfg.storage.storage_root).startswith("s3://"):
+        return None
+    return libraries.resolve(cfg.storage.storage_options.get("storage_library"), cfg.checkpoint.layout)
 
 
 def checkpoint_root(cfg: RunConfig) -> str:
@@ -311,7 +328,7 @@ class Evidence:
     code_image: Optional[str] = None  # tree hash of the pool image
     fs_separation: Optional[dict] = None  # None: object storage (exempt)
 
-    def stamp_folder(self, folder: Path, parameters: dict, checkpoint_root: str) -> dict:
+    def stamp_folder(self, folder: Path, parameters: dict, checkpoint_root: str, library: Optional[str]) -> dict:
         """Write the folder's evidence; the metadata keys that declare it."""
         if self.fs_separation is not None:
             fs_separation.write(folder, self.fs_separation)
@@ -319,7 +336,7 @@ class Evidence:
             return {}
         code_image.write_pointer(folder, self.code_image)
         tree.write_json(folder / provenance.PROVENANCE_FILE,
-                        provenance.stamp(parameters, self.code_image, checkpoint_root, self.layout))
+                        provenance.stamp(parameters, self.code_image, checkpoint_root, self.layout, library))
         return {"provenance_file": provenance.PROVENANCE_FILE}
 
 
@@ -348,7 +365,7 @@ def run_invocation(sub: Submission, place: Place, cfg: RunConfig, phase_override
     effective = record["config"]["effective"]
     c = effective["checkpoint"]
     model = tree.model_folder_name(cfg.model.name)
-    declared = evidence.stamp_folder(folder, effective, root)
+    declared = evidence.stamp_folder(folder, effective, root, object_library(cfg))
     meta = tree.metadata(
         model=model, command="run", start=started, end=ended, num_processes=sub.ranks, division=place.division,
         parameters=effective, override_parameters=redact_tree(dotted(overrides)),

@@ -45,7 +45,7 @@ def persist(session, epoch: int, step: int) -> None:
                 "save (or the run's end) will wait for it"])
             late.daemon = True
             late.start()
-    start, usage, retried = time.time(), process_usage(), session.checkpointer.backend.retry_counts()
+    start, usage, counted = time.time(), process_usage(), session.client_counts()
     busy = training.io_windows()
     busy.open_since = start
     try:
@@ -58,5 +58,5 @@ def persist(session, epoch: int, step: int) -> None:
     busy.closed.append((start, end))
     busy.open_since = None
     session.local["save"].append(metrics.local_record(label, files, start, end, usage_since(usage),
-                                                   session._retries_since(retried)))
+                                                   *session.client_since(counted)))
     session.files["save"].extend(files)

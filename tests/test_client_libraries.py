@@ -1,0 +1,139 @@
+"""storage_options.storage_library: object storage through each framework's own
+client library (s3torchconnector, multi-storage-client, TensorStore, minio),
+beside s3dlio. What the server stored and counted is checked against what the
+backend says it sent, and the part sizes against each library's defaults."""
+import importlib.util
+
+import numpy as np
+import pytest
+
+from conftest import BUCKET
+from dlio_ckpt_ext.errors import ConfigError, StorageError
+from dlio_ckpt_ext.storage import libraries, open_backend
+from dlio_ckpt_ext.storage.libraries import requests
+
+LIBRARIES = ("s3torchconnector", "minio", "msc", "tensorstore")
+MiB = 1 << 20
+#: each library's own parts of an object of 70 MiB: its default part size (none: one PUT)
+PARTS_OF_70_MIB = {"s3torchconnector": [8 * MiB] * 8 + [6 * MiB], "minio": [32 * MiB] * 2 + [6 * MiB],
+                   "msc": [32 * MiB] * 2 + [6 * MiB], "tensorstore": None}
+#: the server's counter each of our kinds lands in (SeaweedFS counts by method and status, a listing and a copy
+#: apart; a HEAD is a GET there)
+METHOD = {"PUT": "PUT", "UploadPart": "PUT", "COPY": "COPY", "CreateMultipartUpload": "POST",
+          "CompleteMultipartUpload": "POST", "GET": "GET", "HEAD": "GET", "LIST": "LIST", "DELETE": "DELETE",
+          "AbortMultipartUpload": "DELETE"}
+
+
+def by_method(counts: dict, keyed=lambda kind: METHOD[kind]) -> dict:
+    out: dict = {}
+    for kind, n in counts.items():
+        if n:
+            out[keyed(kind)] = out.get(keyed(kind), 0) + n
+    return out
+
+
+def server_delta(before: dict, after: dict) -> dict:
+    """The server's requests between two readings of its counters ("METHOD STATUS"), by method."""
+    return by_method({k: after[k] - before.get(k, 0) for k in after}, lambda key: key.split()[0])
+
+
+def test_a_misspelled_library_is_refused_in_one_line_naming_the_key_and_the_values():
+    with pytest.raises(ConfigError) as err:
+        open_backend("s3", f"s3://{BUCKET}/x", {"storage_library": "s3torch"})
+    text = str(err.value)
+    assert "\n" not in text and "workload.storage.storage_options.storage_library='s3torch'" in text
+    for name in (*LIBRARIES, "s3dlio", "framework"):
+        assert name in text
+
+
+def test_a_library_not_installed_is_refused_naming_its_package(monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "tensorstore" else real(name, *a))
+    with pytest.raises(ConfigError) as err:
+        libraries.resolve("framework", "orbax")
+    text = str(err.value)
+    assert "\n" not in text and "storage_library='framework'" in text
+    assert "tensorstore (storage_library=framework with checkpoint.layout=orbax) is not installed here: " \
+           "pip install tensorstore" in text
+
+
+def test_framework_names_each_layouts_own_client():
+    assert {layout: libraries.resolve("framework", layout) for layout in libraries.FRAMEWORK_LIBRARY} == {
+        "dcp": "s3torchconnector", "megatron": "msc", "orbax": "tensorstore", "deepspeed": "s3dlio",
+        "safetensors": "s3dlio"}
+    assert libraries.resolve(None) == "s3dlio"
+
+
+def test_a_client_library_on_a_file_root_is_refused(tmp_path):
+    with pytest.raises(ConfigError, match="s3dlio for file:// roots"):
+        open_backend("s3", f"file://{tmp_path}", {"storage_library": "minio"})
+
+
+@pytest.fixture(scope="module")
+def env(s3):
+    import os
+    saved = dict(os.environ)
+    os.environ.update(s3.env())
+    yield s3
+    os.environ.clear()
+    os.environ.update(saved)
+
+
+@pytest.mark.parametrize("library", LIBRARIES)
+def test_each_library_stores_and_reads_back_through_its_own_requests(env, library):
+    """A tiny file, one under a part and one of 70 MiB, written as the engine writes
+    (16 MiB chunks) and read back in 8 MiB ranges: the bytes are the same, the server
+    counted exactly the requests the backend says, and the parts are the library's."""
+    s3 = env
+    backend = open_backend("s3", f"s3://{BUCKET}/lib/{library}", {"storage_library": library})
+    rng = np.random.default_rng(7)
+    files = {"tiny": rng.bytes(1000), "small": rng.bytes(5 * MiB), "big": rng.bytes(70 * MiB)}
+    before, counted = s3.request_counts(), backend.request_counts()
+    for name, data in files.items():
+        w = backend.open_writer(f"ck/{name}", len(data))
+        view = memoryview(data)
+        for at in range(0, len(data), 16 * MiB):
+            piece = view[at:at + 16 * MiB]
+            if w.zero_copy:
+                w.reserve(len(piece))[:] = piece
+                w.commit(len(piece))
+            else:
+                w.write(piece)
+        w.close()
+    for name, data in files.items():
+        r = backend.open_reader(f"ck/{name}", len(data))
+        got = b"".join(bytes(r.read(at, min(8 * MiB, len(data) - at))) for at in range(0, len(data), 8 * MiB))
+        r.close()
+        assert got == data, name
+    assert backend.exists("ck/tiny") and not backend.exists("ck/none")
+    after = s3.request_counts()
+    ours = requests.since(counted, backend.request_counts())  # the process's tally, since `counted`
+    assert by_method(ours) == server_delta(before, after), ours
+    parts = s3.client().get_object_attributes(Bucket=BUCKET, Key=f"lib/{library}/ck/big",
+                                              ObjectAttributes=["ObjectParts"]).get("ObjectParts")
+    assert (parts and [p["Size"] for p in parts["Parts"]]) == PARTS_OF_70_MIB[library] or (
+        parts is None and PARTS_OF_70_MIB[library] is None)
+    described = backend.describe()
+    assert described["storage_library"] == library and described["library_version"]
+    with pytest.raises(StorageError, match=f"missing checkpoint file s3://{BUCKET}/lib/{library}/ck/none"):
+        backend.open_reader("ck/none", 10).read(0, 10)
+
+
+def test_a_library_holding_whole_files_is_counted_and_a_plan_past_the_memory_is_refused():
+    """multi-storage-client holds each file whole until its upload: Megatron 8B's largest file
+    a rank writes counts in the rank's memory, and a node that cannot hold it is refused first."""
+    from dlio_ckpt_ext.checkpoint.memory import check_memory, rank_buffers
+    from dlio_ckpt_ext.tools.presets import compose_config
+    over = ["++workload.storage.storage_type=s3", "++workload.storage.storage_root=s3://b/p",
+            "++workload.storage.storage_options.storage_library=framework"]
+    cfg = compose_config("megatron_llama3_8b_checkpoint", over, 8)
+    largest = max(f.size for f in cfg.layout.rank_plan(cfg.shape, cfg.parallelism, 8, 0).files)
+    held = {key: n for key, _, n in rank_buffers(cfg, 8)}
+    # the file, and its 32 MiB parts uploading 8 at once
+    assert held[libraries.KEY] == largest + 8 * (32 << 20) and largest > 1 << 30
+    with pytest.raises(ConfigError) as err:
+        check_memory(cfg, 8, 8, available=4 * largest)
+    assert str(err.value).startswith(f"invalid config: {libraries.KEY}='msc'")
+    assert f"the client library's own buffers {held[libraries.KEY] / (1 << 30):.2f} GiB" in str(err.value)
+    s3dlio = compose_config("megatron_llama3_8b_checkpoint", over[:2], 8)
+    assert libraries.KEY not in {key for key, _, _ in rank_buffers(s3dlio, 8)}
