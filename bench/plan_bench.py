@@ -23,7 +23,12 @@ PRESETS = [("deepspeed", "llama3_8b_checkpoint", []),
            ("megatron", "megatron_llama3_8b_checkpoint", []),
            ("orbax", "maxtext_llama3_8b_checkpoint", ["++workload.checkpoint.devices_per_rank=1",
                                                       "++workload.checkpoint.replicas=4"]),
-           ("safetensors", "llama3_8b_model_load", [])]
+           ("safetensors", "llama3_8b_model_load", []),
+           # 70B at the presets' own devices a rank (MaxText's 8, with 16 replicas: FSDP 8,192)
+           ("deepspeed", "llama3_70b_checkpoint", []),
+           ("megatron", "megatron_llama3_70b_checkpoint", []),
+           ("orbax", "maxtext_llama3_70b_checkpoint", ["++workload.checkpoint.replicas=16"]),
+           ("safetensors", "llama3_70b_model_load", [])]
 
 
 def timed(workload: str, ranks: int, overrides: list[str]) -> float:
@@ -45,7 +50,7 @@ def main() -> None:
             ("own", []), ("framework", ["++workload.checkpoint.restore=framework"])]
         for restore, more in loads:
             seconds = [timed(workload, n, extra + more) for n in args.ranks]
-            figures[f"{layout} {restore}"] = dict(zip(map(str, args.ranks), seconds))
+            figures[f"{workload} {restore}"] = dict(zip(map(str, args.ranks), seconds))
             table.add(layout, workload, restore if layout != "safetensors" else "safetensors (vLLM)",
                       *[f"{s:.1f} s" for s in seconds])
     table.finish(args.json, figures)

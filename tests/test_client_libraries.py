@@ -37,6 +37,26 @@ def server_delta(before: dict, after: dict) -> dict:
     return by_method({k: after[k] - before.get(k, 0) for k in after}, lambda key: key.split()[0])
 
 
+#: libraries whose requests are counted from their documented splitting of a call, not as each leaves:
+#: a retry the CRT or minio makes on its own (a part resent after a reset connection) is the server's only
+DERIVED = ("s3torchconnector", "minio")
+#: the most such retries a test tolerates, all of them data requests (a part, a ranged GET)
+RETRIES_UNSEEN = 3
+
+
+def agree(library: str, ours: dict, server: dict) -> None:
+    """Our count by method equals the server's; for a library counted by its splitting, the server may
+    hold a few more data requests: the client's own retries, which it does not tell."""
+    mine = by_method(ours)
+    if library not in DERIVED:
+        assert mine == server, (ours, server)
+        return
+    extra = {k: server.get(k, 0) - mine.get(k, 0) for k in set(mine) | set(server)}
+    assert all(n >= 0 for n in extra.values()), (ours, server)
+    retried = {k: n for k, n in extra.items() if n}
+    assert set(retried) <= {"PUT", "GET"} and sum(retried.values()) <= RETRIES_UNSEEN, (ours, server)
+
+
 def test_a_misspelled_library_is_refused_in_one_line_naming_the_key_and_the_values():
     with pytest.raises(ConfigError) as err:
         open_backend("s3", f"s3://{BUCKET}/x", {"storage_library": "s3torch"})
@@ -108,7 +128,7 @@ def test_each_library_stores_and_reads_back_through_its_own_requests(env, librar
     assert backend.exists("ck/tiny") and not backend.exists("ck/none")
     after = s3.request_counts()
     ours = requests.since(counted, backend.request_counts())  # the process's tally, since `counted`
-    assert by_method(ours) == server_delta(before, after), ours
+    agree(library, ours, server_delta(before, after))
     parts = s3.client().get_object_attributes(Bucket=BUCKET, Key=f"lib/{library}/ck/big",
                                               ObjectAttributes=["ObjectParts"]).get("ObjectParts")
     assert (parts and [p["Size"] for p in parts["Parts"]]) == PARTS_OF_70_MIB[library] or (

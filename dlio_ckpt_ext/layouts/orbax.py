@@ -98,6 +98,7 @@ class Leaf:
         return math.prod(self.shape)
 
 
+@lru_cache(maxsize=64)
 def leaves(m: ModelShape) -> tuple[Leaf, ...]:
     """MaxText's LLaMA state as it saves it (scan_layers: the layers stacked on axis 1):
     params, then Adam's mu and nu of each (optax's ScaleByAdamState), each with the
@@ -187,23 +188,32 @@ def _shard_split(leaf: Leaf, shards: int, copies: int, replica_parallel: bool) -
     return 1, elements
 
 
+@lru_cache(maxsize=64)
+def _leaf_shards(m: ModelShape, p: Parallelism, world: int) -> tuple[tuple[int, bool, int, int, int], ...]:
+    """Each leaf's shard as every device holds it, the same on every process: (leaf, whether
+    FSDP shards it, pieces it is saved in, elements a piece, stored bytes a piece or 0 inline)."""
+    mesh = _mesh(p, world)
+    out = []
+    for i, leaf in enumerate(leaves(m)):
+        shards = mesh.fsdp if leaf.axis is not None else 1
+        pieces, elements = _shard_split(leaf, shards, mesh.devices // shards, p.replica_parallel)
+        stored = stored_bytes(leaf, elements)
+        out.append((i, leaf.axis is not None, pieces, elements, stored if stored > INLINE_BYTES else 0))
+    return tuple(out)
+
+
 @lru_cache(maxsize=8192)
 def process_chunks(m: ModelShape, p: Parallelism, world: int, rank: int) -> tuple[Chunk, ...]:
     """The chunks process `rank` writes (its devices' shards), in the order it appends them."""
     mesh = _mesh(p, world)
+    positions = [(device, *mesh.position(device)) for device in mesh.of_process(rank)]
     out = []
-    for i, leaf in enumerate(leaves(m)):
-        for device in mesh.of_process(rank):
-            replica, fsdp_rank = mesh.position(device)
-            shards = mesh.fsdp if leaf.axis is not None else 1
-            shard = fsdp_rank if leaf.axis is not None else 0
-            copies = mesh.devices // shards
-            copy = replica if leaf.axis is not None else device
-            pieces, elements = _shard_split(leaf, shards, copies, p.replica_parallel)
+    for i, sharded, pieces, elements, stored in _leaf_shards(m, p, world):
+        for device, replica, fsdp_rank in positions:
+            copy = replica if sharded else device
             if pieces == 1 and copy:
                 continue  # replica 0's copy is the one written
-            stored = stored_bytes(leaf, elements)
-            out.append(Chunk(i, shard, copy if pieces > 1 else 0, stored if stored > INLINE_BYTES else 0, elements))
+            out.append(Chunk(i, fsdp_rank if sharded else 0, copy if pieces > 1 else 0, stored, elements))
     return tuple(out)
 
 
