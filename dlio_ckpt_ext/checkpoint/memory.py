@@ -57,11 +57,8 @@ def rank_buffers(cfg: RunConfig, comm_size: int = 1) -> list[tuple[str, object, 
                           else ("workload.checkpoint.share", c.share))
             out.append((key, value, (cfg.read_parallelism + 1) * cfg.read_size))
     if s3_parts and c.num_checkpoints_write:
-        from dlio_ckpt_ext.config import structured
-        from dlio_ckpt_ext.storage.objstore import ObjectOptions
-        prefix = "workload.storage.storage_options."
-        opts = structured(ObjectOptions, dict(cfg.storage.storage_options), prefix)
-        part = parse_size(prefix + "part_size", opts.part_size)
+        opts = _object_options(cfg)
+        part = parse_size("workload.storage.storage_options.part_size", opts.part_size)
         in_flight = opts.max_in_flight
         # s3dlio holds up to max_in_flight parts plus the two being filled and sent,
         # per object, for each object a rank uploads at once
@@ -81,12 +78,15 @@ def rank_buffers(cfg: RunConfig, comm_size: int = 1) -> list[tuple[str, object, 
 TENSORSTORE_COPIES = 3
 
 
-def _library(cfg: RunConfig) -> str:
+def _object_options(cfg: RunConfig):
     from dlio_ckpt_ext.config import structured
-    from dlio_ckpt_ext.storage import libraries
     from dlio_ckpt_ext.storage.objstore import ObjectOptions
-    opts = structured(ObjectOptions, dict(cfg.storage.storage_options), "workload.storage.storage_options.")
-    return libraries.resolve(opts.storage_library, cfg.checkpoint.layout)
+    return structured(ObjectOptions, dict(cfg.storage.storage_options), "workload.storage.storage_options.")
+
+
+def _library(cfg: RunConfig) -> str:
+    from dlio_ckpt_ext.storage import libraries
+    return libraries.resolve(_object_options(cfg).storage_library, cfg.checkpoint.layout)
 
 
 def _library_buffers(cfg: RunConfig, library: str, comm_size: int) -> list[tuple[str, object, int]]:
@@ -96,7 +96,8 @@ def _library_buffers(cfg: RunConfig, library: str, comm_size: int) -> list[tuple
     from dlio_ckpt_ext.storage.libraries import KEY, minio_client, msc, s3torch
     st, c = cfg.streaming, cfg.checkpoint
     out = []
-    largest = max((f.size for f in cfg.layout.rank_plan(cfg.shape, cfg.parallelism, comm_size, 0).files), default=0)
+    files = cfg.layout.rank_plan(cfg.shape, cfg.parallelism, comm_size, 0).files
+    largest = max((f.size for f in files), default=0)
     if c.num_checkpoints_write:
         if library != "tensorstore":
             out.append(("workload.streaming.pool_depth", st.pool_depth, st.pool_depth * cfg.chunk_size))
@@ -115,8 +116,7 @@ def _library_buffers(cfg: RunConfig, library: str, comm_size: int) -> list[tuple
         # it opens whole when it is at most its memory_load_limit, a file a request in flight at most
         held = (cfg.read_parallelism + 1) * cfg.read_size
         if library == "msc" and largest <= msc.MEMORY_LOAD_LIMIT:
-            held = max(held, min(cfg.read_parallelism, len(cfg.layout.rank_plan(
-                cfg.shape, cfg.parallelism, comm_size, 0).files)) * largest)
+            held = max(held, min(cfg.read_parallelism, len(files)) * largest)
         out.append(("workload.streaming.read_parallelism", cfg.read_parallelism, held))
         if st.verify:
             out.append(("workload.streaming.verify", st.verify, cfg.read_size))

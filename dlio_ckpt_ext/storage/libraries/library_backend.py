@@ -17,6 +17,7 @@ from typing import Iterator, Optional
 from dlio_ckpt_ext.engine.storage_interface import Reader
 from dlio_ckpt_ext.errors import ConfigError, StorageError
 from dlio_ckpt_ext.storage import bucket
+from dlio_ckpt_ext.storage.cloud import storage_error
 from dlio_ckpt_ext.storage.libraries import LIBRARIES
 from dlio_ckpt_ext.storage.libraries.requests import PROCESS, count_boto3
 from dlio_ckpt_ext.storage.objstore import ObjectBackend, ObjectOptions
@@ -81,17 +82,18 @@ class LibraryBackend(ObjectBackend):
     # -- shared -----------------------------------------------------------
     @contextlib.contextmanager
     def errors(self, uri: str, action: str) -> Iterator[None]:
-        """The library's errors as StorageErrors naming the object."""
+        """The library's errors as StorageErrors naming the object (as the clouds' backends say theirs)."""
         start = time.monotonic()
         try:
             yield
         except StorageError:
             raise
         except Exception as exc:  # noqa: BLE001 - each library has its own error types
-            if self.missing(exc):
-                raise StorageError(f"missing checkpoint file {uri}") from exc
-            raise StorageError(f"{action} {uri} through {self.library} (endpoint {self.endpoint or '(default)'}, "
-                               f"after {time.monotonic() - start:.1f} s): {type(exc).__name__}: {exc}") from exc
+            raise storage_error(uri, action, exc, self._classify, self.endpoint or "(default)",
+                                time.monotonic() - start) from exc
+
+    def _classify(self, exc: BaseException) -> tuple[str, str]:
+        return ("missing" if self.missing(exc) else "", f"{type(exc).__name__} through {self.library}: {exc}")
 
     def open_reader(self, path: str, size: Optional[int] = None) -> Reader:
         uri, key = self.uri(path), self.key(path)
