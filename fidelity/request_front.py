@@ -141,8 +141,10 @@ class RequestFront:
                 data = src.recv(1 << 20)
                 if not data:
                     break
-                dst.sendall(data)
+                # parsed before it is forwarded: a request is waiting for its answer before the server
+                # can answer it (a HEAD's answer read as another's would take the next answer as its body)
                 parse.send(data)
+                dst.sendall(data)
         except OSError:
             pass
         finally:
@@ -192,13 +194,16 @@ class RequestFront:
 
 def summary(records: list[dict], prefix: str, normalise=lambda name: name, skip=lambda record, name: False) -> dict:
     """What the requests below `prefix` ("/bucket/key-prefix/") show: counts by kind, the sizes of
-    parts, single PUTs and ranged GETs, the conditional writes, and the most in flight.
+    parts, single PUTs and ranged GETs, the conditional requests and writes, the bytes written to each
+    (normalised) name, and the most in flight.
     skip(record, name): requests left out (a run's own bookkeeping beside the save)."""
     mine = [r for r in records if (r["path"].startswith(prefix) or r["path"] == prefix.rstrip("/"))
             and not skip(r, r["path"][len(prefix):])]
-    objects = Counter()
+    objects, written = Counter(), Counter()
     for r in mine:
         objects[(r["kind"], normalise(r["path"][len(prefix):]))] += 1
+        if r["kind"] in ("PutObject", "UploadPart"):
+            written[normalise(r["path"][len(prefix):])] += r["size"]
 
     def sizes(kind: str) -> dict:
         return dict(sorted(Counter(str(r["size"]) for r in mine if r["kind"] == kind).items()))
@@ -215,6 +220,10 @@ def summary(records: list[dict], prefix: str, normalise=lambda name: name, skip=
                              f"{normalise(r['path'][len(prefix):])}" for r in mine if r["copy_source"]),
             "max_in_flight": max((r["in_flight"] for r in mine), default=0),
             "objects": [f"{kind} {name} x{n}" for (kind, name), n in sorted(objects.items())],
+            "conditional_writes": [f"{kind} {name} {which} x{n}" for (kind, name, which), n in sorted(Counter(
+                (r["kind"], normalise(r["path"][len(prefix):]), "if_none_match" if r["if_none_match"] else "if_match")
+                for r in mine if r["method"] == "PUT" and (r["if_match"] or r["if_none_match"])).items())],
+            "written": dict(sorted(written.items())),
             "failed": sum(1 for r in mine if (r["status"] or 0) >= 400)}
 
 

@@ -59,6 +59,7 @@ safetensors-default-w1  save_hf.py         --world 1
 requests="
 dcp-fsdp2-s3torchconnector-w2  save_dcp.py       s3torchconnector  --world 2 --s3 s3://ckpt/dcp-fsdp2-s3torchconnector-w2
 megatron-dp-msc-w2             save_megatron.py  msc               --world 2 --msc msc://ckpt/megatron-dp-msc-w2
+orbax-d1-tensorstore-w2        save_orbax.py     tensorstore       --world 2 --devices-per-process 1 --s3 s3://ckpt/orbax-d1-tensorstore-w2
 "
 
 cd "$here/.."

@@ -2,6 +2,7 @@
 saves it, for fidelity/record.py:
 
     python fidelity/save_orbax.py --out OUT --world N [--devices-per-process D] [--shard-axis largest|embed]
+        [--s3 s3://bucket/prefix]
 
 MaxText's checkpointing.py (the Orbax v0 path: create_orbax_checkpoint_manager and
 save_checkpoint) makes a CheckpointManager with item_names ("items",), the
@@ -24,6 +25,17 @@ largest), or on the axis MaxText's logical rules give FSDP, "embed", with the
 norms replicated (--shard-axis embed). The script launches its N processes
 itself (jax.distributed on 127.0.0.1, gloo CPU collectives); D devices a process
 come from XLA_FLAGS=--xla_force_host_platform_device_count=D. No GPU needed.
+
+With --s3, the arrays go to that prefix through TensorStore's own `s3` kvstore
+(for fidelity/record_requests.py). Orbax 0.12 has no s3:// path: its directories
+go through etils' epath and its kvstores are `file` or `gcs`. So the save runs
+as above on a local directory, with one change in Orbax: every OCDBT kvstore
+spec it builds (`build_kvstore_tspec`: each process's `ocdbt.process_N`, the
+merged `items/`) has its base on TensorStore's s3 driver at the same relative
+path, with the read coalescing Orbax adds for remote storage, and Orbax
+commits as it does on GCS (`CommitFileTemporaryPath`: in place, no rename).
+Orbax's own transactions, concurrency, OCDBT settings and merge are untouched;
+its epath files (_METADATA, _sharding, commit_success.txt, ...) stay local.
 """
 from __future__ import annotations
 
@@ -77,6 +89,35 @@ def shard_axis(shape, axes, n: int, rule: str):
 
 
 # --------------------------------------------------------------------------- worker
+def s3_spec(uri: str, rel: str) -> dict:
+    bucket, _, prefix = uri[len("s3://"):].partition("/")
+    return {"driver": "s3", "bucket": bucket, "path": f"{prefix}/{rel}".strip("/") + "/",
+            "endpoint": os.environ["AWS_ENDPOINT_URL"], "aws_region": os.environ.get("AWS_REGION", "us-east-1"),
+            "aws_credentials": {"type": "environment"}}
+
+
+def ocdbt_on_s3(local_root: str, uri: str) -> None:
+    """Orbax's OCDBT kvstores on TensorStore's s3 driver (see the docstring)."""
+    from orbax.checkpoint._src.serialization import tensorstore_utils as ts_utils
+    build = ts_utils.build_kvstore_tspec
+
+    def on_s3(directory, name=None, *, use_ocdbt=True, process_id=None, replica_separate_folder=False):
+        spec = build(directory, name, use_ocdbt=use_ocdbt, process_id=process_id,
+                     replica_separate_folder=replica_separate_folder)
+        if not use_ocdbt:
+            return spec
+        # the merge finds the processes' databases by globbing the local directory
+        os.makedirs(spec["base"]["path"], exist_ok=True)
+        out = {k: v for k, v in spec.items() if k not in ("base", "manifest")}
+        out["base"] = s3_spec(uri, os.path.relpath(spec["base"]["path"], local_root))
+        out.update({"experimental_read_coalescing_threshold_bytes": 1000000,   # Orbax's, for remote storage
+                    "experimental_read_coalescing_merged_bytes": 500000000000,
+                    "experimental_read_coalescing_interval": "1ms"})
+        return out
+
+    ts_utils.build_kvstore_tspec = on_s3
+
+
 def worker(args) -> None:
     import jax
     jax.config.update("jax_platforms", "cpu")
@@ -148,12 +189,17 @@ def worker(args) -> None:
                                   EmptyState(), ScaleByScheduleState(count=scalar(STEP))))
     jax.block_until_ready(state)
 
+    extra = {}
+    if args.s3:
+        ocdbt_on_s3(args.root, args.s3)
+        from orbax.checkpoint._src.path.atomicity import CommitFileTemporaryPath
+        extra["temporary_path_class"] = CommitFileTemporaryPath
     manager = ocp.CheckpointManager(
         args.root,
         item_names=("items",),
         item_handlers={"items": ocp.PyTreeCheckpointHandler(use_ocdbt=True, use_zarr3=True)},
         options=ocp.CheckpointManagerOptions(create=True, save_interval_steps=1,
-                                             enable_async_checkpointing=not args.sync),
+                                             enable_async_checkpointing=not args.sync, **extra),
     )
     save = ocp.args.PyTreeSave(item=state,
                                save_args=jax.tree.map(lambda _: ocp.SaveArgs(chunk_byte_size=CHUNK_BYTES), state),
@@ -175,6 +221,7 @@ def main() -> int:
     ap.add_argument("--devices-per-process", type=int, default=1)
     ap.add_argument("--shard-axis", choices=("largest", "embed"), default="embed")
     ap.add_argument("--sync", action="store_true", help="enable_async_checkpointing=False (MaxText's default is async)")
+    ap.add_argument("--s3", default="", help="the arrays to this s3://bucket/prefix through TensorStore's s3 kvstore")
     ap.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -190,7 +237,7 @@ def main() -> int:
     port = free_port()
     base = [sys.executable, os.path.abspath(__file__), "--out", args.out, "--world", str(args.world),
             "--devices-per-process", str(args.devices_per_process), "--shard-axis", args.shard_axis,
-            "--port", str(port)] + (["--sync"] if args.sync else [])
+            "--port", str(port)] + (["--sync"] if args.sync else []) + (["--s3", args.s3] if args.s3 else [])
     procs = [subprocess.Popen(base + ["--worker", str(r)], env=env) for r in range(args.world)]
     codes = [p.wait() for p in procs]
     if any(codes):
@@ -202,7 +249,7 @@ def main() -> int:
         "library": "orbax-checkpoint", "version": md.version("orbax-checkpoint"),
         "libraries": {k: md.version(k) for k in ("tensorstore", "jax", "jaxlib", "numpy")},
         "layout": "orbax", "variant": f"d{d}-w{w}" + ("" if args.shard_axis == "embed" else "-largest")
-                                      + ("-sync" if args.sync else ""),
+                                      + ("-sync" if args.sync else "") + ("-s3" if args.s3 else ""),
         "writer": ("each of the processes made ocp.CheckpointManager(OUT/ckpt, item_names=('items',), item_handlers="
                    "{'items': PyTreeCheckpointHandler(use_ocdbt=True, use_zarr3=True)}, options="
                    f"CheckpointManagerOptions(create=True, save_interval_steps=1, enable_async_checkpointing="

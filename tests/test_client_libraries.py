@@ -139,6 +139,32 @@ def test_each_library_stores_and_reads_back_through_its_own_requests(env, librar
         backend.open_reader("ck/none", 10).read(0, 10)
 
 
+def write_whole(backend, path: str, data: bytes) -> None:
+    w = backend.open_writer(path, len(data))
+    w.write(memoryview(data))
+    w.close()
+
+
+def test_an_ocdbt_manifest_is_committed_conditionally_and_a_foreign_write_refused(env):
+    """TensorStore writes an OCDBT manifest as OCDBT commits it: read first (missing), then
+    If-None-Match: *; then If-Match on the ETag this rank wrote, each after TensorStore's HEAD
+    (SeaweedFS is not AWS). Another writer's change in between is refused, naming the manifest."""
+    s3 = env
+    backend = open_backend("s3", f"s3://{BUCKET}/lib/ocdbt", {"storage_library": "tensorstore"})
+    key = "lib/ocdbt/items/ocdbt.process_0/manifest.ocdbt"
+    before, counted = s3.request_counts(), backend.request_counts()
+    write_whole(backend, "items/ocdbt.process_0/manifest.ocdbt", b"v1" * 50)
+    write_whole(backend, "items/ocdbt.process_0/manifest.ocdbt", b"v2" * 60)
+    ours = requests.since(counted, backend.request_counts())
+    assert {k: v for k, v in ours.items() if v} == {"GET": 1, "HEAD": 2, "PUT": 2}
+    agree("tensorstore", ours, server_delta(before, s3.request_counts()))
+    assert s3.client().get_object(Bucket=BUCKET, Key=key)["Body"].read() == b"v2" * 60
+    s3.client().put_object(Bucket=BUCKET, Key=key, Body=b"another writer")
+    with pytest.raises(StorageError, match=f"s3://{BUCKET}/{key}: the OCDBT manifest changed under this save"):
+        write_whole(backend, "items/ocdbt.process_0/manifest.ocdbt", b"v3" * 60)
+    assert s3.client().get_object(Bucket=BUCKET, Key=key)["Body"].read() == b"another writer"
+
+
 def test_a_library_holding_whole_files_is_counted_and_a_plan_past_the_memory_is_refused():
     """multi-storage-client holds each file whole until its upload: Megatron 8B's largest file
     a rank writes counts in the rank's memory, and a node that cannot hold it is refused first."""

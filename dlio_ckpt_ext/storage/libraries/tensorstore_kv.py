@@ -4,10 +4,21 @@ one PUT; a read is one ranged GET. The writer lends that memory to the
 generator (no pool, no copy in), and starts the PUT as its last byte is
 filled, so the next file is generated while it uploads, as TensorStore's
 request pool overlaps them; TensorStore takes bytes only, so the value is
-copied once as it starts."""
+copied once as it starts.
+
+An OCDBT database's manifest (`manifest.ocdbt`) is written as OCDBT commits
+it, through TensorStore's conditional write: the database's first commit reads
+the manifest (a GET, missing), then writes it only if still absent; each next
+commit only if it is still the one this rank wrote last. TensorStore sends the
+condition as If-None-Match: * / If-Match: <etag>, after a HEAD on an endpoint
+other than AWS's (fidelity/manifests/requests/orbax-*.json: the real Orbax's
+save through this driver). A condition that fails (another writer in the
+same database) is an error naming the manifest."""
 from __future__ import annotations
 
 import os
+import posixpath
+import threading
 from typing import Optional
 
 from dlio_ckpt_ext.engine.storage_interface import Writer
@@ -17,6 +28,8 @@ from dlio_ckpt_ext.storage.libraries.library_backend import LibraryBackend
 
 #: TensorStore's s3_request_concurrency default
 REQUEST_CONCURRENCY = 32
+#: the file OCDBT commits conditionally
+OCDBT_MANIFEST = "manifest.ocdbt"
 
 
 class TensorstoreWriter(Writer):
@@ -44,13 +57,18 @@ class TensorstoreWriter(Writer):
     def _send(self) -> None:
         value, self.buf = bytes(self.buf), None
         with self.backend.errors(self.uri, "cannot upload"):
-            self.future = self.backend.client().write(self.key, value)
+            if posixpath.basename(self.key) == OCDBT_MANIFEST:
+                self.future = self.backend.commit(self.key, value)
+            else:
+                self.future = self.backend.client().write(self.key, value)
 
     def close(self) -> None:
         if self.future is None:
             raise StorageError(f"{self.uri}: {self.filled} bytes written, expected {self.size}")
         with self.backend.errors(self.uri, "cannot upload"):
-            self.future.result()
+            stamp = self.future.result()
+        if posixpath.basename(self.key) == OCDBT_MANIFEST:
+            self.backend.committed(self.key, self.uri, stamp.generation)
         self.backend.counts.add("PUT")
 
     def abort(self) -> None:
@@ -64,6 +82,29 @@ class TensorstoreBackend(LibraryBackend):
     lends_write_memory = True
     write_cache_method = "none needed: a save ends when each file's PUT completed"
     read_cache_method = "none needed: every read is a request to the object server (no cache_pool)"
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._generations: dict[str, bytes] = {}   # each OCDBT manifest's, as this rank last wrote it
+        self._generations_lock = threading.Lock()
+
+    def commit(self, key: str, value: bytes):
+        """Writes an OCDBT manifest only if it is as this rank last left it (absent at first)."""
+        with self._generations_lock:
+            generation = self._generations.get(key)
+        if generation is None:  # the database's first commit reads its manifest first
+            self.counts.add("GET")
+            generation = self.client().read(key).result().stamp.generation
+        if self.endpoint and "amazonaws.com" not in self.endpoint:
+            self.counts.add("HEAD")  # TensorStore checks the condition itself where S3's may be missing
+        return self.client().write(key, value, if_equal=generation)
+
+    def committed(self, key: str, uri: str, generation: bytes) -> None:
+        if not generation:  # TensorStore's answer when the condition failed
+            raise StorageError(f"{uri}: the OCDBT manifest changed under this save (another writer in the "
+                               "same database): its conditional write was refused")
+        with self._generations_lock:
+            self._generations[key] = generation
 
     def make_client(self):
         import tensorstore as ts
