@@ -3,6 +3,7 @@ import json
 import os
 import re
 import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -120,10 +121,21 @@ def run_dlio(workdir: Path, np: int, workload: str, *overrides: str, timeout: in
              env: dict | None = None, checkpoint_folder: str | None = None, out: str = "out") -> Run:
     cmd = dlio_command(workdir, np, workload, *overrides, checkpoint_folder=checkpoint_folder, out=out)
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", **(env or {})}
+    start = time.monotonic()
     res = subprocess.run(cmd, cwd=workdir, capture_output=True, text=True, timeout=timeout, env=env)
     if res.returncode != 0 and any(m in res.stdout + res.stderr for m in MPIRUN_DID_NOT_START):
         res = subprocess.run(cmd, cwd=workdir, capture_output=True, text=True, timeout=timeout, env=env)
+    log_run(np, time.monotonic() - start)
     return Run(res.returncode, res.stdout, res.stderr, workdir / out)
+
+
+def log_run(np: int, seconds: float) -> None:
+    """Where CI's time goes: each DLIO run's test, ranks and seconds, appended to DLIO_RUN_LOG
+    (.ci/run sums them by file)."""
+    if os.environ.get("DLIO_RUN_LOG"):
+        test = os.environ.get("PYTEST_CURRENT_TEST", "?").split(" ")[0]
+        with open(os.environ["DLIO_RUN_LOG"], "a") as f:
+            f.write(f"{test}\t{np}\t{seconds:.1f}\n")
 
 
 def submitted_or_only_timing_broken(returncode: int, stderr: str) -> bool:
