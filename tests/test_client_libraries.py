@@ -183,3 +183,51 @@ def test_a_library_holding_whole_files_is_counted_and_a_plan_past_the_memory_is_
     assert f"the client library's own buffers {held[libraries.KEY] / (1 << 30):.2f} GiB" in str(err.value)
     s3dlio = compose_config("megatron_llama3_8b_checkpoint", over[:2], 8)
     assert libraries.KEY not in {key for key, _, _ in rank_buffers(s3dlio, 8)}
+
+
+@pytest.fixture(scope="module")
+def gcs(tmp_path_factory):
+    """fake-gcs-server with bucket ckpt, its SDK environment set for the module."""
+    import os
+    from cloud_servers import needs, start_server
+    from s3_server import retire
+    if needs("gs").args[0]:
+        pytest.skip(needs("gs").kwargs["reason"])
+    server = start_server("gs", tmp_path_factory.mktemp("gs-data"))
+    saved = dict(os.environ)
+    os.environ.update(server.env())
+    yield server
+    os.environ.clear()
+    os.environ.update(saved)
+    retire(server)
+
+
+def test_on_gs_tensorstore_writes_through_its_gcs_kvstore_and_the_others_are_refused(gcs):
+    """Orbax's native object path: on gs://, tensorstore (and framework with Orbax's layout) sends
+    the bytes through TensorStore's gcs kvstore, and its manifests by generation; the bytes read
+    back with the GCS SDK are ours. The S3 clients are refused on gs:// naming the key; framework
+    with another layout is the SDK's."""
+    from cloud_servers import Objects
+    from dlio_ckpt_ext.storage.gcs import GcsBackend
+    from dlio_ckpt_ext.storage.libraries.tensorstore_kv import TensorstoreGcsBackend
+    root = f"gs://{BUCKET}/lib/ts"
+    backend = open_backend("s3", root, {"storage_library": "tensorstore"})
+    assert type(backend) is TensorstoreGcsBackend
+    assert type(open_backend("s3", root, {"storage_library": "framework"}, layout="orbax")) is TensorstoreGcsBackend
+    assert type(open_backend("s3", root, {"storage_library": "framework"}, layout="dcp")) is GcsBackend
+    with pytest.raises(ConfigError, match="storage_library.*s3torchconnector is an S3 client"):
+        open_backend("s3", root, {"storage_library": "s3torchconnector"})
+    with pytest.raises(ConfigError, match="storage_library"):
+        open_backend("s3", f"az://{BUCKET}/x", {"storage_library": "tensorstore"})
+    data = np.random.default_rng(3).bytes(5 * MiB + 7)
+    write_whole(backend, "ck/data", data)
+    for _ in range(2):
+        write_whole(backend, "ck/ocdbt.process_0/manifest.ocdbt", b"m" * 120)
+    objects = Objects(gcs)
+    assert objects.read("lib/ts/ck/data") == data
+    r = backend.open_reader("ck/data", len(data))
+    assert bytes(r.read(MiB, 2 * MiB)) == data[MiB:3 * MiB]
+    described = backend.describe()
+    assert (described["storage_library"], described["gcs_request_concurrency"]) == ("tensorstore", 32)
+    assert backend.exists("ck/data") and not backend.exists("ck/none")
+    assert backend.list_sizes("ck") == {"ck/data": len(data), "ck/ocdbt.process_0/manifest.ocdbt": 120}

@@ -34,7 +34,7 @@ def rank_buffers(cfg: RunConfig, comm_size: int = 1) -> list[tuple[str, object, 
                       else ("workload.checkpoint.async_mode", c.async_mode))
         out.append((key, value, staging_bytes(cfg, comm_size) + cfg.chunk_size))
     scheme = str(cfg.storage.storage_root).split("://", 1)[0] if cfg.storage.storage_type == "s3" else ""
-    library = _library(cfg) if scheme == "s3" else ""
+    library = _library(cfg) if scheme == "s3" else _cloud_library(cfg, scheme) if scheme in ("az", "gs") else ""
     if library not in ("", "s3dlio"):
         return out + _library_buffers(cfg, library, comm_size)
     s3_parts, blocks = scheme == "s3", scheme in ("az", "gs")
@@ -87,6 +87,14 @@ def _object_options(cfg: RunConfig):
 def _library(cfg: RunConfig) -> str:
     from dlio_ckpt_ext.storage import libraries
     return libraries.resolve(_object_options(cfg).storage_library, cfg.checkpoint.layout)
+
+
+def _cloud_library(cfg: RunConfig, scheme: str) -> str:
+    from dlio_ckpt_ext.config import structured
+    from dlio_ckpt_ext.storage import libraries
+    from dlio_ckpt_ext.storage.cloud import CloudOptions
+    opts = structured(CloudOptions, dict(cfg.storage.storage_options), "workload.storage.storage_options.")
+    return libraries.resolve_cloud(scheme, opts.storage_library, cfg.checkpoint.layout)
 
 
 def _library_buffers(cfg: RunConfig, library: str, comm_size: int) -> list[tuple[str, object, int]]:

@@ -129,17 +129,19 @@ def request_lines(windows: list[dict], storage: dict) -> list[str]:
     """RESULTS' line, where a client library other than s3dlio moved the bytes: its requests by kind
     over every rank and window of the phase, and the library with its settings."""
     counted = requests.summed([w.get("requests") for w in windows])
-    if counted is None:
+    if counted is None and "library_version" not in storage:
         return []
     settings = ", ".join(f"{k} {v >> 20} MiB" if k.endswith("size") or k.endswith("threshold") else f"{k} {v}"
                          for k, v in storage.items() if k in LIBRARY_SETTINGS)
-    return [f"  {'client library':28s} {storage['storage_library']} {storage['library_version']} ({settings})",
-            f"  {'requests (all ranks)':28s} " + (", ".join(f"{k} {n}" for k, n in counted.items()) or "none")]
+    # on gs:// the SDK's bookkeeping is not counted by kind: no requests line there
+    return [f"  {'client library':28s} {storage['storage_library']} {storage['library_version']} ({settings})"] + (
+        [f"  {'requests (all ranks)':28s} " + (", ".join(f"{k} {n}" for k, n in counted.items()) or "none")]
+        if counted is not None else [])
 
 
 #: a client library's settings worth a word in RESULTS (storage/libraries/*.py settings())
 LIBRARY_SETTINGS = ("part_size", "multipart_threshold", "parallel_uploads", "max_concurrency", "files_at_once",
-                    "s3_request_concurrency", "holds_whole_files", "single_put_per_file")
+                    "s3_request_concurrency", "gcs_request_concurrency", "holds_whole_files", "single_put_per_file")
 
 
 def listed(values: list, shown: int = 8) -> str:

@@ -27,8 +27,12 @@ def open_backend(storage_type: str, root: str, options: dict, fsync: bool = True
         opts.check_storage_type(storage_type, prefix)
         return PosixBackend(root, opts, fsync, storage_type)
     if storage_type == "s3" and root.split("://", 1)[0] in ("az", "gs"):
+        from dlio_ckpt_ext.storage import libraries
         from dlio_ckpt_ext.storage.cloud import CloudOptions
         opts = structured(CloudOptions, options, prefix)
+        if libraries.resolve_cloud(root.split("://", 1)[0], opts.storage_library, layout) == "tensorstore":
+            from dlio_ckpt_ext.storage.libraries.tensorstore_kv import TensorstoreGcsBackend
+            return TensorstoreGcsBackend(root, opts)
         if root.startswith("az://"):
             from dlio_ckpt_ext.storage.azure_blob import AzureBackend
             return AzureBackend(root, opts)

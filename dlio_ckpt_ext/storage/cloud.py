@@ -34,14 +34,12 @@ class CloudOptions:
     max_attempts: int = 3          # attempts per request, the first included
     retry_backoff_s: float = 0.0   # the first retry's wait, doubling after; 0 = the SDK's (Azure 15 s, GCS 1 s)
     # MLCommons' fork asks storage_type s3 for a storage_library and defaults it to
-    # s3dlio's: accepted as that, though az:// and gs:// bytes go through the clouds' SDKs
+    # s3dlio's: accepted as that, though az:// and gs:// bytes go through the clouds' SDKs;
+    # on gs://, tensorstore (or framework with Orbax's layout) goes through TensorStore's gcs
+    # kvstore (storage/libraries.resolve_cloud says what each scheme takes)
     storage_library: Optional[str] = None
 
     def validate(self, key: str) -> None:
-        if self.storage_library not in (None, "s3dlio"):
-            raise ConfigError(key + "storage_library", self.storage_library,
-                              "s3dlio or unset (az:// and gs:// go through the clouds' own SDKs; the other "
-                              "client libraries are S3 clients, for s3:// roots)")
         for name in ("max_in_flight", "operation_timeout_s", "connect_timeout_s", "max_attempts"):
             value = getattr(self, name)
             if isinstance(value, bool) or value < 1:
@@ -215,7 +213,8 @@ class CloudBackend(Backend):
         try:
             self._size(self.key(path))
         except Exception as exc:  # noqa: BLE001 - the SDKs' errors have no common base
-            if self.classify(exc)[0] == "missing":
+            # GCS's SDK answers a missing blob with None, which _size says as ours
+            if self.classify(exc)[0] == "missing" or str(exc).startswith("missing checkpoint file"):
                 return False
             raise storage_error(self.uri(path), "cannot stat", exc, self.classify, self.endpoint, 0.0) from None
         return True

@@ -28,6 +28,9 @@ FRAMEWORK_LIBRARY = {"dcp": "s3torchconnector", "megatron": "msc", "orbax": "ten
                      "deepspeed": "s3dlio", "safetensors": "s3dlio"}
 #: what MLCommons' fork accepts as storage_library (its own checkpoint mechanisms' clients)
 FORK_LIBRARIES = ("s3dlio", "minio", "s3torchconnector")
+#: the libraries that also reach a cloud's own store, by scheme (TensorStore's gcs kvstore: Orbax's
+#: native path); the others are S3 clients
+CLOUD_LIBRARIES = {"gs": ("tensorstore",), "az": ()}
 KEY = "workload.storage.storage_options.storage_library"
 
 
@@ -49,6 +52,19 @@ def resolve(library: Optional[str], layout: str = "") -> str:
         raise ConfigError(KEY, library, f"{choices()}; {name}{via} is not installed here: "
                                         f"pip install {package} (or pip install 'dlio-ckpt-ext[clients]')")
     return name
+
+
+def resolve_cloud(scheme: str, library: Optional[str], layout: str = "") -> str:
+    """The client library of an az:// or gs:// root: "" for the cloud's own SDK (unset, s3dlio as the
+    fork's default, or `framework` where the framework's client is an S3 one), else one of
+    CLOUD_LIBRARIES[scheme]; refused in one line naming the key and what the scheme takes."""
+    name = FRAMEWORK_LIBRARY.get(layout, "s3dlio") if library == FRAMEWORK else library
+    if name in (None, "s3dlio") or (library == FRAMEWORK and name not in CLOUD_LIBRARIES[scheme]):
+        return ""
+    if name not in CLOUD_LIBRARIES[scheme]:
+        takes = ", ".join(("s3dlio (the SDK)", *CLOUD_LIBRARIES[scheme], FRAMEWORK))
+        raise ConfigError(KEY, library, f"{takes} for {scheme}:// roots ({name} is an S3 client, for s3:// roots)")
+    return resolve(name, layout)
 
 
 def backend_class(name: str) -> type:
