@@ -126,6 +126,9 @@ def test_each_library_stores_and_reads_back_through_its_own_requests(env, librar
         r.close()
         assert got == data, name
     assert backend.exists("ck/tiny") and not backend.exists("ck/none")
+    # a resume's discovery through the library: a listing of a folder, a marker read, a missing one
+    assert backend.children("ck") == ["big", "small", "tiny"] and backend.children("") == ["ck"]
+    assert backend.read_marker("ck/tiny") == files["tiny"] and backend.read_marker("ck/none") is None
     after = s3.request_counts()
     ours = requests.since(counted, backend.request_counts())  # the process's tally, since `counted`
     agree(library, ours, server_delta(before, after))

@@ -21,6 +21,7 @@ from dlio_ckpt_ext.storage.cloud import storage_error
 from dlio_ckpt_ext.storage.libraries import LIBRARIES
 from dlio_ckpt_ext.storage.libraries.requests import PROCESS, count_boto3
 from dlio_ckpt_ext.storage.objstore import ObjectBackend, ObjectOptions
+from dlio_ckpt_ext.result_files import OWNER_FILE
 from dlio_ckpt_ext.storage.ranged_reader import PlannedRangeReader
 
 
@@ -132,6 +133,29 @@ class LibraryBackend(ObjectBackend):
                 return False
             raise
         return True
+
+    # -- a resume's discovery through the library, as its framework looks --------------
+    def read_marker(self, path: str) -> Optional[bytes]:
+        """A small file a framework reads to find its checkpoint (a tracker, a marker), whole,
+        through the library; None when missing."""
+        with self.errors(self.uri(path), "cannot read"):
+            return self.get_whole(self.key(path))
+
+    def children(self, directory: str) -> list[str]:
+        """The names one level below `directory` (objects and folders), through the library's listing."""
+        start = self.key(directory.strip("/")).rstrip("/")
+        start = start + "/" if start else ""
+        with self.errors(self.uri(directory), "cannot list"):
+            found = {n[len(start):].rstrip("/") for n in self.list_names(start)}
+        return sorted(n for n in found if n and n != OWNER_FILE)
+
+    def get_whole(self, key: str) -> Optional[bytes]:
+        """All of object `key`, None when missing. Default: the control plane's GET (boto3)."""
+        return bucket.get(f"s3://{self.bucket}/{key}")
+
+    def list_names(self, prefix: str) -> Iterator[str]:
+        """Keys and sub-prefixes one level below `prefix`, whole. Default: the control plane's listing."""
+        return (prefix + n for n in bucket.names(f"s3://{self.bucket}/{prefix}"))
 
     def request_counts(self) -> Optional[dict]:
         return self.counts.snapshot()

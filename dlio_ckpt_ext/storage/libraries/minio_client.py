@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import queue
 import threading
-from typing import Optional
+from typing import Iterator, Optional
 from urllib.parse import urlparse
 
 from dlio_ckpt_ext.engine.storage_interface import Writer
@@ -145,6 +145,26 @@ class MinioBackend(LibraryBackend):
     def head(self, key: str) -> int:
         self.counts.add("HEAD")
         return self.client().stat_object(self.bucket, key).size
+
+    def get_whole(self, key: str) -> Optional[bytes]:
+        self.counts.add("GET")
+        try:
+            resp = self.client().get_object(self.bucket, key)
+        except Exception as exc:  # noqa: BLE001 - minio's S3Error says NoSuchKey
+            if self.missing(exc):
+                return None
+            raise
+        try:
+            return resp.read()
+        finally:
+            resp.close()
+            resp.release_conn()
+
+    def list_names(self, prefix: str) -> Iterator[str]:
+        for i, o in enumerate(self.client().list_objects(self.bucket, prefix=prefix, recursive=False)):
+            if i % 1000 == 0:  # minio pages its ListObjectsV2 requests 1,000 keys a page
+                self.counts.add("LIST")
+            yield o.object_name
 
     def write_concurrency(self, chunk_size: int) -> dict:
         return {"requests_in_flight": self.uploads, "request_bytes": PART_SIZE,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Optional
+from typing import Iterator, Optional
 
 from dlio_ckpt_ext.engine.storage_interface import Reader, Writer
 from dlio_ckpt_ext.storage.libraries.library_backend import LibraryBackend
@@ -99,6 +99,18 @@ class MscBackend(LibraryBackend):
 
     def head(self, key: str) -> int:
         return self.client().info(key).content_length
+
+    def get_whole(self, key: str) -> Optional[bytes]:
+        try:
+            return self.client().read(key)
+        except Exception as exc:  # noqa: BLE001 - FileNotFoundError, or botocore's NoSuchKey
+            if self.missing(exc):
+                return None
+            raise
+
+    def list_names(self, prefix: str) -> Iterator[str]:
+        # StorageClient.list with its folders: one delimiter listing, as Megatron's checks of a folder go
+        return (o.key for o in self.client().list(prefix, include_directories=True))
 
     def write_concurrency(self, chunk_size: int) -> dict:
         return {"requests_in_flight": MAX_CONCURRENCY, "request_bytes": MULTIPART_CHUNKSIZE,

@@ -5,6 +5,7 @@ is split by the CRT into 8 MiB GETs; DCP writes one file at a time a rank
 (thread_count 1). The client is one a process, as s3torchconnector keeps it."""
 from __future__ import annotations
 
+from typing import Iterator, Optional
 
 from dlio_ckpt_ext.engine.storage_interface import Writer
 from dlio_ckpt_ext.storage.libraries.library_backend import LibraryBackend
@@ -73,6 +74,21 @@ class S3TorchBackend(LibraryBackend):
     def head(self, key: str) -> int:
         self.counts.add("HEAD")
         return self.client().head_object(self.bucket, key).size
+
+    def get_whole(self, key: str) -> Optional[bytes]:
+        self.counts.add("GET")  # a marker: one part
+        try:
+            return b"".join(self.client().get_object(self.bucket, key))
+        except Exception as exc:  # noqa: BLE001 - the CRT's S3Exception says a missing key in its text
+            if self.missing(exc):
+                return None
+            raise
+
+    def list_names(self, prefix: str) -> Iterator[str]:
+        for page in self.client().list_objects(self.bucket, prefix, "/"):
+            self.counts.add("LIST")
+            yield from (o.key for o in page.object_info)
+            yield from page.common_prefixes
 
     def write_concurrency(self, chunk_size: int) -> dict:
         return {"requests_in_flight": 1, "request_bytes": PART_SIZE,

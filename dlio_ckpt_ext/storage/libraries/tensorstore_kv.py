@@ -183,6 +183,9 @@ class TensorstoreBackend(TensorstoreKv, LibraryBackend):
             raise KeyError(key)
         return got
 
+    def get_whole(self, key: str) -> Optional[bytes]:
+        return self.kv_read(key)
+
     def head(self, key: str) -> int:
         # TensorStore reads no size alone: a HEAD through the bucket's control plane (only a
         # caller without the plan's size asks; a framework learns sizes from its manifest), counted as
