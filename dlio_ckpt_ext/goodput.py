@@ -181,7 +181,7 @@ def scales(s: dict, nodes: list[int], failures_per_node_day: float, restart_s: f
                 tiers = [Tier(t.stall_s, t.lag_s, t.restore_s, t.every, q) for t, q in zip(tiers, (share, 1 - share))]
             rows.append({"nodes": n, "local_share": share, "at_interval": badput(inputs["interval_s"], tiers, mtbf,
                                                                                 restart_s),
-                         "at_best": best(tiers, mtbf, restart_s)})
+                         "at_best": best(tiers, mtbf, restart_s), "tiers": [vars(t) for t in tiers]})
     return {"kind": inputs["kind"], "run_nodes": run_nodes, "interval_s": inputs["interval_s"],
             "tiers": [vars(t) for t in inputs["tiers"]], "notes": inputs["notes"],
             "failures_per_node_day": failures_per_node_day, "restart_s": restart_s,

@@ -211,3 +211,50 @@ def test_a_run_prints_its_goodput_block_from_its_own_figures(tmp_path):
     assert g["rows"][1]["at_interval"]["goodput"] == pytest.approx(at64["goodput"])
     block = run.stdout[run.stdout.index("GOODPUT (dlio_ckpt_ext/goodput.py"):]
     assert f"{100 * at64['goodput']:.2f} %" in block.splitlines()[7]
+
+
+@pytest.mark.parametrize("tiered", [False, True])
+def test_the_goodput_chart_draws_each_scales_curve_and_badput_as_the_model_computes_them(tiered, tmp_path):
+    """Read back from matplotlib's own objects: each curve's points are goodput.badput's at those
+    intervals for the row's tiers and MTBF, the run's and the best interval marked on it, the
+    shading starts where the first order stops holding, and each bar stack is the row's badput."""
+    from dlio_ckpt_ext.goodput import scales
+    from dlio_ckpt_ext.report.goodput_chart import BADPUT, goodput_figure
+    from dlio_ckpt_ext.report.goodput_report import goodput_report
+    extra = {"tiers": {"local_s_mean": 4.0, "persistent": [{"staging_s": 1.0}],
+                       "settings": {"persistent_every": 5, "interval_s": 120}}} if tiered else {}
+    g = scales(record(**extra), [1024, 16384], 3.8e-3, 300.0, None if tiered else 600.0)
+    fig = goodput_figure(g)
+    curves_ax, bars_ax = fig.axes
+    lines = curves_ax.get_lines()
+    assert len(g["rows"]) == (6 if tiered else 3)  # the run's 2 nodes first; tiered: local shares 0 and 1
+    assert len(lines) == 3 * len(g["rows"])        # a row's curve, its run's point, its best point
+    beyond = []
+    for i, row in enumerate(g["rows"]):
+        line, run, top = lines[3 * i: 3 * i + 3]
+        tiers = [goodput.Tier(**t) for t in row["tiers"]]
+        mtbf = goodput.mtbf_s(row["nodes"])
+        at = [goodput.badput(x, tiers, mtbf, 300.0) for x in line.get_xdata()]
+        assert list(line.get_ydata()) == pytest.approx([100 * b["goodput"] for b in at])
+        assert len(at) == 80 and line.get_label().startswith(f"{row['nodes']} nodes")
+        assert (run.get_xdata()[0], run.get_ydata()[0]) == pytest.approx(
+            (g["interval_s"], 100 * goodput.badput(g["interval_s"], tiers, mtbf, 300.0)["goodput"]))
+        best = goodput.best(tiers, mtbf, 300.0)
+        assert (top.get_xdata()[0], top.get_ydata()[0]) == pytest.approx((best["interval_s"], 100 * best["goodput"]))
+        beyond += [next((x for x, b in zip(line.get_xdata(), at) if not b["first_order_holds"]), None)]
+    # the shading: a span for each curve that leaves the first order, from where it stops holding
+    spans = sorted(p.get_x() if hasattr(p, "get_x") else p.get_xy()[0][0] for p in curves_ax.patches)
+    assert spans == pytest.approx(sorted(x for x in beyond if x is not None)) and spans
+    # the bars: BADPUT's categories stacked a row, each the row's share in %
+    bars = bars_ax.patches
+    assert len(bars) == len(BADPUT) * len(g["rows"])
+    for k, (key, _, _) in enumerate(BADPUT):
+        for i, row in enumerate(g["rows"]):
+            assert bars[k * len(g["rows"]) + i].get_height() == pytest.approx(100 * row["at_interval"][key])
+    assert [t.get_text() for t in bars_ax.get_xticklabels()] == [
+        f"{r['nodes']} nodes" + ("" if r["local_share"] is None else f", local share {r['local_share']:g}")
+        for r in g["rows"]]
+    # the command writes it
+    out = tmp_path / "goodput.png"
+    lines_out = goodput_report(record(**extra), [1024, 16384], 3.8e-3, 300.0, None if tiered else 600.0, None, str(out))
+    assert lines_out[-1] == f"chart: {out}" and out.stat().st_size > 10_000

@@ -59,6 +59,31 @@ def test_run_report_png_and_printed_numbers(two_runs, capsys):
 
 
 @pytest.mark.e2e
+def test_the_run_picture_draws_the_records_figures_and_goodput_where_the_run_has_an_interval(two_runs):
+    """Read back from matplotlib's objects: a bar a checkpoint at the record's throughput, a legend
+    naming what is drawn; with the record's GOODPUT (an interval), its curves and bars below."""
+    import matplotlib.pyplot as plt
+    from dlio_ckpt_ext.goodput import scales
+    from dlio_ckpt_ext.report.plots import run_figure
+    from dlio_ckpt_ext.report.results import load_result
+    result = load_result(two_runs[0].out)
+    fig = run_figure(result)
+    bars = fig.axes[1]
+    want = [w["throughput_gib_s"] for phase in ("save", "load") for w in result.summary[phase]["per_checkpoint"]]
+    assert [p.get_height() for p in bars.patches] == pytest.approx(want) and len(want) == 4
+    assert [t.get_text() for t in bars.get_legend().get_texts()] == ["save", "load"]
+    assert len(fig.axes) == 3  # no interval: no goodput
+    plt.close(fig)
+    result.summary["goodput"] = scales(result.summary, [1024], 3.8e-3, 0.0, 600.0)
+    fig = run_figure(result)
+    curves, badput = fig.axes[3:]
+    assert len(curves.get_lines()) == 3 * len(result.summary["goodput"]["rows"]) == 6
+    assert [p.get_height() for p in badput.patches[:2]] == pytest.approx(
+        [100 * r["at_interval"]["save_stall"] for r in result.summary["goodput"]["rows"]])
+    plt.close(fig)
+
+
+@pytest.mark.e2e
 def test_compare_flags_the_changed_setting_next_to_the_throughput_change(two_runs, capsys):
     a, b = (r.out for r in two_runs)
     assert report_main(["compare", str(a), str(b)]) == 0

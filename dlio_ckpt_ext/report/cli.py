@@ -104,7 +104,7 @@ def _plan(args) -> int:
 def _goodput(args) -> int:
     from dlio_ckpt_ext.report.goodput_report import goodput_report
     print("\n".join(goodput_report(load_result(args.results).summary, args.nodes, args.failures_per_node_day,
-                                    args.restart_s, args.interval_s, args.local_share)))
+                                    args.restart_s, args.interval_s, args.local_share, args.out)))
     return 0
 
 
@@ -162,6 +162,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--interval-s", type=float, help="the interval between checkpoints (default: the run's)")
     p.add_argument("--local-share", type=float,
                    help="tiered runs: the share of failures the local tier recovers (default: 0 and 1, as bounds)")
+    p.add_argument("--out", help="also draw goodput against the interval, a curve a scale, and the badput split "
+                                 "at each scale, into this PNG")
     p.set_defaults(func=_goodput)
     args, extra = ap.parse_known_args(argv)
     if extra and getattr(args, "overrides", None) is not None and all("=" in e and not e.startswith("-")

@@ -31,11 +31,23 @@ def _points(records: list[dict], t0: float) -> tuple[list[tuple[float, float]], 
 
 
 def run_report(result: Result, out: Path) -> Path:
+    fig = run_figure(result)
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out
+
+
+def run_figure(result: Result):
     """A timeline of every rank's I/O GiB/s per file and generation GiB/s per chunk
     (per file where the run kept no chunks),
-    per-checkpoint throughput bars, and each host's throughput per checkpoint
-    (a slow node stands out below the others)."""
-    fig, (timeline, bars, hosts) = plt.subplots(3, 1, figsize=(12, 11), gridspec_kw={"height_ratios": [3, 2, 2]})
+    per-checkpoint throughput bars, each host's throughput per checkpoint
+    (a slow node stands out below the others), and where the run has an interval,
+    its goodput against the interval and its badput at each scale."""
+    g = result.summary.get("goodput")
+    heights = [3, 2, 2] + ([3] if g else [])
+    fig = plt.figure(figsize=(12, 11 + (4 if g else 0)))
+    grid = fig.add_gridspec(len(heights), 2, height_ratios=heights, width_ratios=[3, 2])
+    timeline, bars, hosts = (fig.add_subplot(grid[i, :]) for i in range(3))
     t0 = result.summary["start_time"]
     unit = "chunk"
     for stats in result.rank_stats:
@@ -58,7 +70,8 @@ def run_report(result: Result, out: Path) -> Path:
     for phase in ("save", "load"):
         per = (result.summary.get(phase) or {}).get("per_checkpoint", [])
         xs = [x + i for i in range(len(per))]
-        bars.bar(xs, [w["throughput_gib_s"] for w in per], width * 2, color=PHASE_COLOURS[phase], label=phase)
+        if per:  # the legend names only what is drawn
+            bars.bar(xs, [w["throughput_gib_s"] for w in per], width * 2, color=PHASE_COLOURS[phase], label=phase)
         for xi, w in zip(xs, per):
             for host, h in (w.get("hosts") or {}).items():
                 slow = host == w.get("slowest_host") and len(w["hosts"]) > 1
@@ -77,10 +90,11 @@ def run_report(result: Result, out: Path) -> Path:
     hosts.set_ylim(bottom=0)
     hosts.set_ylabel("GiB/s per host")
     hosts.set_title("each host's throughput per checkpoint (its ranks' bytes over its own window; slowest in red)")
+    if g:  # the GOODPUT block as a chart (report/goodput_chart.py)
+        from dlio_ckpt_ext.report.goodput_chart import draw_goodput
+        draw_goodput(g, fig.add_subplot(grid[3, 0]), fig.add_subplot(grid[3, 1]))
     fig.tight_layout()
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
-    return out
+    return fig
 
 
 def sweep_chart(swept: list[str], rows: list[dict], out: Path) -> Path:
