@@ -144,3 +144,39 @@ def test_training_run_with_tiers_persists_every_kth_save_and_recovers_a_lost_ran
     assert r["moved_bytes"] == tiny_files()["zero_pp_rank_1_mp_rank_00_model_states.pt"] + \
         tiny_files()["zero_pp_rank_1_mp_rank_00_optim_states.pt"]
     assert not list((local / "1").iterdir())
+    picture_holds_the_records_blocks(run.out)
+
+
+def picture_holds_the_records_blocks(out) -> None:
+    """dlio-ckpt-report run's panels for TIERS, RECOVERY and TRAINING, read back from matplotlib's
+    objects against the record: every save's bar where and as long as the record says, each
+    recovery's bytes by source, each step time and the loader's rates."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+    from dlio_ckpt_ext.report.panels import GiB, SOURCES
+    from dlio_ckpt_ext.report.plots import run_figure
+    from dlio_ckpt_ext.report.results import load_result
+    result = load_result(out)
+    record = result.summary
+    fig = run_figure(result)
+    axes = {ax.get_title().split(":")[0].split(" (")[0]: ax for ax in fig.axes if ax.get_title()}
+    assert {"TIERS", "RECOVERY", "TRAINING"} <= set(axes)
+    t0, t = record["start_time"], record["tiers"]
+    spans = lambda c: [v for p in sorted((p.vertices[:, 0].min(), np.ptp(p.vertices[:, 0])) for p in c.get_paths())  # noqa: E731
+                       for v in p]
+    local, frames, persists = axes["TIERS"].collections
+    flat = lambda rows, length: [v for row in sorted((x["start"] - t0, x[length]) for x in rows) for v in row]  # noqa: E731
+    assert spans(local) == pytest.approx(flat(t["local"], "duration_s")) and t["local"]
+    assert spans(persists) == pytest.approx(flat(t["persistent"], "duration_s")) and t["persistent"]
+    assert spans(frames) == pytest.approx(flat(t["persistent"], "interval_s"))
+    bars = axes["RECOVERY"].patches
+    want = [r[key] / GiB for key, _, _ in SOURCES for r in record["recovery"]]
+    assert [b.get_width() for b in bars] == pytest.approx(want) and sum(want) > 0
+    training = record["training"]
+    steps = [p.get_height() for p in axes["TRAINING"].patches]
+    assert steps == pytest.approx([training["plain_step_s"]] + [c["saving_step_s"] for c in training["checkpoints"]])
+    twin = next(ax for ax in fig.axes if ax.get_ylabel() == "data loader GiB/s a rank")
+    loader = training["data_loader"]
+    assert [p.get_height() for p in twin.patches] == pytest.approx(
+        [loader[k]["gib_s_per_rank"] or 0.0 for k in ("during_save", "no_save")])
+    plt.close(fig)

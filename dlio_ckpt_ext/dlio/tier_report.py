@@ -21,7 +21,7 @@ def tiers_summary(local: list[dict], persist: list[dict], interval_s: float, ran
     for w in local:
         duration = w["duration_s"]
         hosts = list(w["hosts"].values())
-        saves.append({"step": w["step"], "duration_s": duration, "bytes": w["bytes"],
+        saves.append({"step": w["step"], "start": w["start"], "duration_s": duration, "bytes": w["bytes"],
                       "gib_s": w["throughput_gib_s"],
                       "per_rank_gib_s": w["bytes"] / ranks / GiB / duration if duration > 0 else 0.0,
                       "per_node_gib_s": sum(h["throughput_gib_s"] for h in hosts) / len(hosts),
@@ -29,7 +29,7 @@ def tiers_summary(local: list[dict], persist: list[dict], interval_s: float, ran
     blocked = {r["step"]: r for r in async_rows or []}
     persistent = []
     for p in persist:
-        row = {"step": p["step"], "duration_s": p["duration_s"], "gib_s": p["throughput_gib_s"],
+        row = {"step": p["step"], "start": p["start"], "duration_s": p["duration_s"], "gib_s": p["throughput_gib_s"],
                "interval_s": interval_s, "slack_s": interval_s - p["duration_s"],
                "fit": p["duration_s"] <= interval_s}
         if p["step"] in blocked:

@@ -41,11 +41,14 @@ def run_figure(result: Result):
     """A timeline of every rank's I/O GiB/s per file and generation GiB/s per chunk
     (per file where the run kept no chunks),
     per-checkpoint throughput bars, each host's throughput per checkpoint
-    (a slow node stands out below the others), and where the run has an interval,
-    its goodput against the interval and its badput at each scale."""
+    (a slow node stands out below the others), then a panel for each block the run
+    has (tiers, recovery, training: report/panels.py), and where the run has an
+    interval, its goodput against the interval and its badput at each scale."""
+    from dlio_ckpt_ext.report.panels import panels_of
     g = result.summary.get("goodput")
-    heights = [3, 2, 2] + ([3] if g else [])
-    fig = plt.figure(figsize=(12, 11 + (4 if g else 0)))
+    blocks = panels_of(result.summary)
+    heights = [3, 2, 2] + [2] * len(blocks) + ([3] if g else [])
+    fig = plt.figure(figsize=(12, 11 + 3 * len(blocks) + (4 if g else 0)))
     grid = fig.add_gridspec(len(heights), 2, height_ratios=heights, width_ratios=[3, 2])
     timeline, bars, hosts = (fig.add_subplot(grid[i, :]) for i in range(3))
     t0 = result.summary["start_time"]
@@ -90,9 +93,12 @@ def run_figure(result: Result):
     hosts.set_ylim(bottom=0)
     hosts.set_ylabel("GiB/s per host")
     hosts.set_title("each host's throughput per checkpoint (its ranks' bytes over its own window; slowest in red)")
+    for i, (_, draw) in enumerate(blocks):  # TIERS, RECOVERY, TRAINING (report/panels.py)
+        draw(result.summary, fig.add_subplot(grid[3 + i, :]))
     if g:  # the GOODPUT block as a chart (report/goodput_chart.py)
         from dlio_ckpt_ext.report.goodput_chart import draw_goodput
-        draw_goodput(g, fig.add_subplot(grid[3, 0]), fig.add_subplot(grid[3, 1]))
+        row = 3 + len(blocks)
+        draw_goodput(g, fig.add_subplot(grid[row, 0]), fig.add_subplot(grid[row, 1]))
     fig.tight_layout()
     return fig
 
