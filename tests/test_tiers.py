@@ -152,7 +152,7 @@ def test_tiers_figures_pair_each_local_save_with_the_persists_it_overlapped():
     assert [x["during_persist"] for x in s["local"]] == [False, False, True, True]
     assert s["local_s_during_persist"] == 1.5 and s["local_s_alone"] == 1.5 and s["foreground_slowdown"] == 1.0
     assert s["local"][1]["per_rank_gib_s"] == 0.125
-    assert s["persistent"] == [{"step": 2, "duration_s": 3.0, "gib_s": 2 / 3, "interval_s": 2.0, "slack_s": -1.0,
+    assert s["persistent"] == [{"step": 2, "start": 4.5, "duration_s": 3.0, "gib_s": 2 / 3, "interval_s": 2.0, "slack_s": -1.0,
                                 "fit": False, "staging_s": 0.1, "wait_s": 0.0}]
     assert tier_report.overrun_warnings(s) == [
         "[WARNING] persistent save(s) of checkpoint step(s) 2 did not fit in their 2 s interval "
