@@ -99,22 +99,57 @@ def test_compare_flags_the_changed_setting_next_to_the_throughput_change(two_run
 
 @pytest.mark.e2e
 def test_sweep_with_hydra_multirun_gives_tables_and_chart(tmp_path):
+    """A sweep over the checkpoint interval (the goodput model's: workload.goodput.interval_s):
+    throughput a job, and each job's goodput at its interval in the table and drawn against it."""
+    from dlio_ckpt_ext.report.plots import sweep_figure
+    from dlio_ckpt_ext.report.sweep import sweep_table
     sweep = tmp_path / "sweep"
     cmd = [tool("mpirun"), "--allow-run-as-root", "--oversubscribe", "-np", "2", tool("dlio_benchmark"), "-m",
-           "workload=llama3_tiny_checkpoint", *SMALL, "++workload.streaming.pool_depth=2,4",
+           "workload=llama3_tiny_checkpoint", *SMALL, "++workload.goodput.interval_s=300,600",
            f"++workload.checkpoint.checkpoint_folder={tmp_path / 'ckpt'}", f"hydra.sweep.dir={sweep}"]
     res = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-2000:]
     assert report_main(["sweep", str(sweep)]) == 0
     rows = list(csv.DictReader(open(sweep / "sweep.csv")))
-    assert [r["workload.streaming.pool_depth"] for r in rows] == ["2", "4"]
+    assert [r["workload.goodput.interval_s"] for r in rows] == ["300", "600"]
     for row in rows:
         summary = json.loads((sweep / row["job"] / RECORD_FILE).read_text())
         assert float(row["save_gib_s"]) == pytest.approx(summary["save"]["throughput_gib_s_mean"])
         assert float(row["load_gib_s"]) == pytest.approx(summary["load"]["throughput_gib_s_mean"])
-        assert summary["config"]["effective"]["streaming"]["pool_depth"] == int(row["workload.streaming.pool_depth"])
+        assert summary["goodput"]["interval_s"] == float(row["workload.goodput.interval_s"])
+        assert float(row["goodput_pct"]) == pytest.approx(100 * summary["goodput"]["rows"][0]["at_interval"]["goodput"])
     assert len((sweep / "sweep.md").read_text().splitlines()) == 4
     assert_real_picture(sweep / "sweep.png", min_colours=10)
+    swept, table, _ = sweep_table(sweep)
+    fig = sweep_figure(swept, table)
+    line = fig.axes[1].get_lines()[0]
+    assert list(line.get_xdata()) == [300.0, 600.0]
+    assert list(line.get_ydata()) == pytest.approx([float(r["goodput_pct"]) for r in rows])
+
+
+@pytest.mark.e2e
+def test_compare_puts_two_tiered_runs_persist_slack_and_goodput_side_by_side(two_runs):
+    """Two runs with TIERS and GOODPUT (their records' blocks from real windows): compare prints
+    each block's headline figures for A and B with the change."""
+    from dlio_ckpt_ext.dlio.tier_report import tiers_summary
+    from dlio_ckpt_ext.goodput import scales
+    from dlio_ckpt_ext.report.compare import compare
+    from dlio_ckpt_ext.report.results import load_result
+    runs = [load_result(r.out) for r in two_runs]
+    for run, interval in zip(runs, (1.0, 0.5)):
+        windows = run.summary["save"]["per_checkpoint"]
+        run.summary["tiers"] = {**tiers_summary(windows, windows[1:], interval, 2),
+                                "settings": {"persistent_every": 1, "interval_s": interval}}
+        run.summary["goodput"] = scales(run.summary, [1024], 3.8e-3, 0.0, 600.0)
+    lines, _ = compare(*runs)
+    slack = [sum(r["slack_s"] for r in run.summary["tiers"]["persistent"]) / len(run.summary["tiers"]["persistent"])
+             for run in runs]
+    row = next(line for line in lines if line.startswith("tiers: persist slack mean (s)"))
+    assert row.split()[-3:-1] == [f"{slack[0]:.4f}", f"{slack[1]:.4f}"]
+    goodput = [100 * run.summary["goodput"]["rows"][0]["at_interval"]["goodput"] for run in runs]
+    row = next(line for line in lines if line.startswith("goodput: goodput at the run's interval (%)"))
+    assert row.split()[-3:] == [f"{goodput[0]:.4f}", f"{goodput[1]:.4f}",
+                                f"{100 * (goodput[1] - goodput[0]) / goodput[0]:+.1f}%"]
 
 
 @pytest.mark.e2e

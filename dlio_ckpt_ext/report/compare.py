@@ -1,6 +1,9 @@
-"""Two results side by side, with every difference that could explain a change."""
+"""Two results side by side (throughput, and the headline figures of every
+further block either has: tiers' persist slack, recovery's time to resume,
+training's stall, goodput), with every difference that could explain a change."""
 from __future__ import annotations
 
+from dlio_ckpt_ext.report.block_figures import block_figures
 from dlio_ckpt_ext.report.results import Result, flatten
 
 ENVIRONMENT = ("ranks", "num_hosts", "hosts", "ranks_per_node", "threads", "cache_method",
@@ -25,6 +28,12 @@ def compare(a: Result, b: Result) -> tuple[list[str], int]:
         ta, tb = a.throughput(phase), b.throughput(phase)
         change = f"{100 * (tb[0] - ta[0]) / ta[0]:+.1f}%" if ta and tb and ta[0] else "-"
         lines.append(f"{'checkpoint ' + phase:24s} {_fmt(ta):>22s} {_fmt(tb):>22s} {change:>9s}")
+    fa, fb = block_figures(a.summary), block_figures(b.summary)
+    for key in [k for k in fa if k in fb] + [k for k in fb if k not in fa] + [k for k in fa if k not in fb]:
+        va, vb = fa.get(key), fb.get(key)
+        change = f"{100 * (vb - va) / va:+.1f}%" if va and vb is not None else "-"
+        show = lambda v: "-" if v is None else f"{v:.4f}"  # noqa: E731
+        lines.append(f"{key:45s} {show(va):>12s} {show(vb):>12s} {change:>9s}")
     sections = [
         ("versions", _differences(a.summary.get("versions", {}), b.summary.get("versions", {}))
          + _differences({"git_commit": a.summary.get("git_commit")}, {"git_commit": b.summary.get("git_commit")})),

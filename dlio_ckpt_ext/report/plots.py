@@ -104,9 +104,19 @@ def run_figure(result: Result):
 
 
 def sweep_chart(swept: list[str], rows: list[dict], out: Path) -> Path:
+    fig = sweep_figure(swept, rows)
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out
+
+
+def sweep_figure(swept: list[str], rows: list[dict]):
     """Throughput against the swept parameter(s): a line for one numeric
-    parameter, bars labelled with every parameter otherwise."""
-    fig, ax = plt.subplots(figsize=(10, 5))
+    parameter, bars labelled with every parameter otherwise; beside it, where the
+    jobs have a GOODPUT block, their goodput against it the same way."""
+    with_goodput = any(r.get("goodput_pct") is not None for r in rows)
+    fig, axes = plt.subplots(1, 2 if with_goodput else 1, figsize=(16 if with_goodput else 10, 5), squeeze=False)
+    ax = axes[0][0]
     labels = [", ".join(f"{k.split('.')[-1]}={r[k]}" for k in swept) or f"job {r['job']}" for r in rows]
     numeric = len(swept) == 1 and all(_is_number(r[swept[0]]) for r in rows)
     for phase in ("save", "load"):
@@ -129,10 +139,20 @@ def sweep_chart(swept: list[str], rows: list[dict], out: Path) -> Path:
     ax.set_ylabel("checkpoint throughput, GiB/s (mean \u00b1 std)")
     ax.set_title("sweep: " + (", ".join(swept) or "no swept parameter"))
     ax.legend()
+    if with_goodput:  # the GOODPUT block's figure at the run's own scale, against the setting
+        g = axes[0][1]
+        ys = [r.get("goodput_pct") for r in rows]
+        if numeric:
+            pts = sorted((float(r[swept[0]]), y) for r, y in zip(rows, ys) if y is not None)
+            g.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", color="tab:purple")
+            g.set_xlabel(swept[0])
+        else:
+            g.bar(range(len(rows)), [y or 0.0 for y in ys], color="tab:purple")
+            g.set_xticks(range(len(rows)), labels, rotation=30, ha="right", fontsize=8)
+        g.set_ylabel("goodput at the run's interval (%)")
+        g.set_title("goodput against the swept setting (each job's GOODPUT, at its own scale)")
     fig.tight_layout()
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
-    return out
+    return fig
 
 
 def _is_number(value) -> bool:

@@ -6,9 +6,16 @@ from pathlib import Path
 
 import yaml
 
+from dlio_ckpt_ext.report.block_figures import block_figures
 from dlio_ckpt_ext.report.results import ResultsError, load_result
 from dlio_ckpt_ext.result_files import FAILED_FILE
 
+#: the further blocks' figures a sweep tabulates (report/block_figures.py), where a job has them
+BLOCK_COLUMNS = {"persist_slack_s": "tiers: persist slack mean (s)",
+                 "foreground_slowdown": "tiers: foreground slowdown (x)",
+                 "time_to_resume_s": "recovery: time to resume mean (s)",
+                 "checkpoint_stall_s": "training: checkpoint stall mean (s)",
+                 "goodput_pct": "goodput: goodput at the run's interval (%)"}
 COLUMNS = ("save_gib_s", "save_std", "save_duration_s", "load_gib_s", "load_std", "load_duration_s")
 
 
@@ -44,6 +51,8 @@ def sweep_table(sweep_dir: str | Path) -> tuple[list[str], list[dict], list[dict
             row[f"{phase}_gib_s"] = p.get("throughput_gib_s_mean")
             row[f"{phase}_std"] = p.get("throughput_gib_s_std")
             row[f"{phase}_duration_s"] = p.get("duration_s_mean")
+        figures = block_figures(s)
+        row.update({column: figures.get(key) for column, key in BLOCK_COLUMNS.items()})
         overrides.append(_overrides(job))
         rows.append(row)
     if not rows:
@@ -65,12 +74,17 @@ def _failure(job: Path, exc: ResultsError) -> str:
     return str(exc)
 
 
+def present_block_columns(rows: list[dict]) -> list[str]:
+    """The further blocks' columns some job of the sweep has."""
+    return [c for c in BLOCK_COLUMNS if any(r.get(c) is not None for r in rows)]
+
+
 def write_tables(swept: list[str], rows: list[dict], out_dir: Path) -> tuple[Path, Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
-    columns = ["job", *swept, *COLUMNS]
+    columns = ["job", *swept, *COLUMNS, *present_block_columns(rows)]
     csv_path, md_path = out_dir / "sweep.csv", out_dir / "sweep.md"
     with open(csv_path, "w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=columns)
+        writer = csv.DictWriter(fh, fieldnames=columns, extrasaction="ignore")  # a block no job has: no column
         writer.writeheader()
         writer.writerows(rows)
     fmt = lambda v: "-" if v is None else (f"{v:.4f}" if isinstance(v, float) else str(v))  # noqa: E731
