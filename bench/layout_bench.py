@@ -76,8 +76,11 @@ def measure_save(args, root: str, layout: str) -> dict:
         content.refill(seed=int(time.time()))
         t0 = time.perf_counter()
         for i, f in enumerate(files):
-            # where ours writes it: a staged checkpoint's temporary folders (Orbax's) included
-            write_file(ck.backend.uri(ck.write_path(1, f.name)), content.file(i), CHUNK)
+            # where ours writes it: a staged checkpoint's temporary folders (Orbax's) included, made
+            # if not there (the first pair may run the reference first; a commit renames them away)
+            path = ck.backend.uri(ck.write_path(1, f.name))
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            write_file(path, content.file(i), CHUNK)
         return time.perf_counter() - t0
 
     nbytes = sum(f.size for f in files)
