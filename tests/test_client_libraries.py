@@ -234,3 +234,28 @@ def test_on_gs_tensorstore_writes_through_its_gcs_kvstore_and_the_others_are_ref
     assert (described["storage_library"], described["gcs_request_concurrency"]) == ("tensorstore", 32)
     assert backend.exists("ck/data") and not backend.exists("ck/none")
     assert backend.list_sizes("ck") == {"ck/data": len(data), "ck/ocdbt.process_0/manifest.ocdbt": 120}
+
+
+def test_msc_says_the_retries_and_throttles_boto3_met_as_the_front_made_them(s3, monkeypatch):
+    """multi-storage-client sends every request through boto3: its retries (attempts past each call)
+    and the throttles answered (503 SlowDown from a front before the server, every 3rd data
+    request) are counted, and equal what the front did; the bytes are right."""
+    from dlio_ckpt_ext.storage import retries
+    from throttle_front import ThrottleFront
+    front = ThrottleFront(int(s3.endpoint.rsplit(":", 1)[1]), 3, "s3")
+    for key, value in {**s3.env(), "AWS_ENDPOINT_URL": front.endpoint}.items():
+        monkeypatch.setenv(key, value)
+    try:
+        backend = open_backend("s3", f"s3://{BUCKET}/lib/busy", {"storage_library": "msc"})
+        data = np.random.default_rng(5).bytes(100 * MiB)
+        before, front_before = backend.retry_counts(), front.counts.throttled
+        write_whole(backend, "ck/big", data)
+        r = backend.open_reader("ck/big", len(data))
+        assert b"".join(bytes(r.read(at, 8 * MiB)) for at in range(0, len(data), 8 * MiB)) == data
+        r.close()
+        throttled = front.counts.throttled - front_before
+    finally:
+        front.stop()
+    assert throttled >= 2 and front.counts.throttled_puts and front.counts.throttled_gets
+    assert retries.since(before, backend.retry_counts()) == {"throttled": throttled, "retried": throttled, "gave_up": 0}
+    assert backend.describe()["retries_counted"] is True

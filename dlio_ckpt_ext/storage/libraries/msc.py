@@ -12,7 +12,7 @@ from typing import Iterator, Optional
 
 from dlio_ckpt_ext.engine.storage_interface import Reader, Writer
 from dlio_ckpt_ext.storage.libraries.library_backend import LibraryBackend
-from dlio_ckpt_ext.storage.libraries.requests import count_boto3
+from dlio_ckpt_ext.storage.libraries.requests import BOTO3_RETRIES, count_boto3
 from dlio_ckpt_ext.storage.ranged_reader import PlannedRangeReader
 
 PROFILE = "ckpt"
@@ -120,6 +120,14 @@ class MscBackend(LibraryBackend):
         return {"requests_in_flight": MAX_CONCURRENCY, "request_bytes": MULTIPART_CHUNKSIZE,
                 "note": "each file fetched whole as it is opened, up to 512 MiB: one GET up to 64 MiB, "
                         "else 32 MiB ranged GETs; a larger file one ranged GET a read"}
+
+    def retry_counts(self) -> Optional[dict]:
+        """boto3's retries and throttles: every request of this library (and the control plane's) goes
+        through it. A retry multi-storage-client makes itself, after boto3 gave up, is a new call."""
+        return BOTO3_RETRIES.snapshot()
+
+    def describe(self) -> dict:
+        return {**super().describe(), "retries_counted": True}
 
     def settings(self) -> dict:
         return {"multipart_threshold": MULTIPART_THRESHOLD, "part_size": MULTIPART_CHUNKSIZE,

@@ -58,13 +58,54 @@ def request_kind(method: str, url: str, headers) -> str:
 PROCESS = RequestCounts()
 
 
+class Boto3Retries:
+    """What boto3's own retries did, every counted client of the process: attempts sent (each
+    before-send) against API calls made (each before-call), and answers that throttled (429, 503).
+    A call that still failed fails the run, said as its error."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.attempts = self.calls = self.throttled = 0
+
+    def add(self, attempts: int = 0, calls: int = 0, throttled: int = 0) -> None:
+        with self._lock:
+            self.attempts += attempts
+            self.calls += calls
+            self.throttled += throttled
+
+    def snapshot(self) -> dict[str, int]:
+        """In storage/retries.py's form."""
+        with self._lock:
+            return {"throttled": self.throttled, "retried": self.attempts - self.calls, "gave_up": 0}
+
+
+BOTO3_RETRIES = Boto3Retries()
+#: the statuses a store throttles with (storage/retries.py's)
+THROTTLE_STATUS = frozenset({429, 503})
+
+
 def count_boto3(client) -> None:
-    """Count every request boto3 `client` sends from now on (once a client, however often asked)."""
-    client.meta.events.register("before-send.s3", _sent, unique_id="dlio-ckpt-ext-request-count")
+    """Count every request boto3 `client` sends from now on, and its retries (once a client,
+    however often asked)."""
+    events = client.meta.events
+    events.register("before-send.s3", _sent, unique_id="dlio-ckpt-ext-request-count")
+    events.register("before-call.s3", _called, unique_id="dlio-ckpt-ext-call-count")
+    # first: the retry handler that decides stops the event's other handlers
+    events.register_first("needs-retry.s3", _answered, unique_id="dlio-ckpt-ext-throttle-count")
 
 
 def _sent(request, **_) -> None:
     PROCESS.add(request_kind(request.method, request.url, request.headers))
+    BOTO3_RETRIES.add(attempts=1)
+
+
+def _called(**_) -> None:
+    BOTO3_RETRIES.add(calls=1)
+
+
+def _answered(response=None, **_) -> None:
+    if response is not None and response[0].status_code in THROTTLE_STATUS:
+        BOTO3_RETRIES.add(throttled=1)
 
 
 def since(before: Optional[dict], now: Optional[dict]) -> Optional[dict]:
