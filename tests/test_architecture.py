@@ -105,7 +105,7 @@ def test_the_walker_sees_a_circle_and_imports_anywhere_in_a_module():
 
 #: each folder of the package and the layer(s) its modules belong to
 FOLDER_LAYERS = {"": {"base", "config"}, "layouts": {"config"}, "shared_plans": {"config"}, "recovery": {"config"}, "engine": {"engine"}, "storage": {"storage"}, "checkpoint": {"checkpoint"},
-                 "dlio": {"dlio"}, "report": {"tools"}, "submission": {"tools"}, "tools": {"tools"}}
+                 "dlio": {"dlio"}, "results": {"dlio"}, "report": {"tools"}, "submission": {"tools"}, "tools": {"tools"}}
 
 
 def folder_of(module: str) -> str:

@@ -131,7 +131,7 @@ def test_sweep_with_hydra_multirun_gives_tables_and_chart(tmp_path):
 def test_compare_puts_two_tiered_runs_persist_slack_and_goodput_side_by_side(two_runs):
     """Two runs with TIERS and GOODPUT (their records' blocks from real windows): compare prints
     each block's headline figures for A and B with the change."""
-    from dlio_ckpt_ext.dlio.tier_report import tiers_summary
+    from dlio_ckpt_ext.results.tiers import tiers_summary
     from dlio_ckpt_ext.goodput import scales
     from dlio_ckpt_ext.report.compare import compare
     from dlio_ckpt_ext.report.results import load_result

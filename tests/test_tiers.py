@@ -11,7 +11,7 @@ from dlio_ckpt_ext.shared_plans import tier_plan
 from dlio_ckpt_ext.checkpoint.local_tier import LocalTier
 from dlio_ckpt_ext.checkpoint.priority import io_class_of_this_thread, lower_this_thread
 from dlio_ckpt_ext.config import load_config
-from dlio_ckpt_ext.dlio import tier_report
+from dlio_ckpt_ext.results import tiers as tier_report
 from dlio_ckpt_ext.engine.threads import ThreadBudget
 from dlio_ckpt_ext.errors import ConfigError
 from dlio_ckpt_ext.report.load_plans import plan_command

@@ -62,7 +62,7 @@ class IterationWatch:
 
 
 def recomputed(record: dict) -> dict:
-    """The TIERS figures from the record's windows alone, written apart from tier_report."""
+    """The TIERS figures from the record's windows alone, written apart from results/tiers.py."""
     local, persist = record["tiers"]["local_windows"], record["save"]["per_checkpoint"]
     interval, ranks = record["tiers"]["settings"]["interval_s"], record["ranks"]
     took = lambda w: w["end"] - w["start"]  # noqa: E731

@@ -11,7 +11,8 @@ from omegaconf import OmegaConf
 
 from dlio_ckpt_ext import layouts
 from dlio_ckpt_ext.config import load_config
-from dlio_ckpt_ext.dlio import training, training_report
+from dlio_ckpt_ext.dlio import training
+from dlio_ckpt_ext.results import training as training_report
 from dlio_ckpt_ext.dlio.callback import check_dataset
 from dlio_ckpt_ext.dlio.storage import StreamingStorage, matching_keys
 from dlio_ckpt_ext.errors import ConfigError

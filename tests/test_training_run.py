@@ -153,7 +153,7 @@ def picture_holds_the_records_blocks(out) -> None:
     recovery's bytes by source, each step time and the loader's rates."""
     import matplotlib.pyplot as plt
     import numpy as np
-    from dlio_ckpt_ext.report.panels import GiB, SOURCES
+    from dlio_ckpt_ext.results.recovery import GiB, SOURCES
     from dlio_ckpt_ext.report.plots import run_figure
     from dlio_ckpt_ext.report.results import load_result
     result = load_result(out)

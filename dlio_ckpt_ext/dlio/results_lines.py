@@ -3,7 +3,8 @@ blocks (TRAINING, TIERS, async), each phase's figures, the restore, the
 generator threads and the warnings."""
 from __future__ import annotations
 
-from dlio_ckpt_ext.dlio import metrics, recovery_report, run_warnings, tier_report, training_report
+from dlio_ckpt_ext.dlio import metrics, run_warnings
+from dlio_ckpt_ext.results import recovery, tiers, training
 
 PHASES = ("save", "load")
 
@@ -15,11 +16,11 @@ def lines(session, reports: dict) -> list[str]:
     lines = [line for phase in PHASES if session.windows[phase]
              for line in metrics.metric_lines(phase, session.windows[phase], label)]
     if session.training_summary is not None:
-        lines += training_report.training_lines(session.training_summary)
+        lines += training.training_lines(session.training_summary)
     if session.tiers_summary is not None:
         lines += metrics.metric_lines("local save", session.tier_windows)
         lines += metrics.metric_lines("persist", session.windows["save"])
-        lines += tier_report.tiers_lines(session.tiers_summary, session.tier_settings())
+        lines += tiers.tiers_lines(session.tiers_summary, session.tier_settings())
     elif session.async_summary is not None:
         # the persist windows are the save windows; named apart for async readers
         lines += metrics.metric_lines("persist", session.windows["save"])
@@ -44,9 +45,9 @@ def lines(session, reports: dict) -> list[str]:
         lines += metrics.restore_lines(session.restore, session.windows["load"])
     if session.conversions and not session.recovery_summary:  # a recovery's is in its RECOVERY lines
         lines.append("CONVERSION (DeepSpeed's universal checkpoint, made before the load; docs/recovery.md)")
-        lines += [recovery_report.conversion_line(c) for c in session.conversions]
+        lines += [recovery.conversion_line(c) for c in session.conversions]
     if session.recovery_summary:
-        lines += recovery_report.recovery_lines(session.recovery_summary)
+        lines += recovery.recovery_lines(session.recovery_summary)
     budget = session.checkpointer.threads.describe()
     if session.local["save"]:
         how = (f"adaptive: the fewest keeping generation >= {budget['target_margin']:g}x I/O, up to "

@@ -2,7 +2,8 @@
 know about how they were measured."""
 from __future__ import annotations
 
-from dlio_ckpt_ext.dlio import metrics, records, tier_report, trace
+from dlio_ckpt_ext.dlio import metrics, records, trace
+from dlio_ckpt_ext.results import tiers
 from dlio_ckpt_ext.dlio.mpi import Topology
 
 PHASES = ("save", "load")
@@ -68,7 +69,7 @@ def warnings(session) -> list[str]:
         out += metrics.client_cpu_warning(phase, cpu)
     out += metrics.stall_warnings(session.stalls)
     if session.tiers_summary is not None:
-        out += tier_report.overrun_warnings(session.tiers_summary)
+        out += tiers.overrun_warnings(session.tiers_summary)
     for phase in PHASES:
         out += metrics.throttle_warnings(phase, session.windows[phase])
     if c.recovery_rank_shift and session.checkpointer.source_rank() == session.rank:

@@ -23,9 +23,9 @@ from dlio_ckpt_ext.checkpoint.background import BackgroundPersist
 from dlio_ckpt_ext.checkpoint.local_tier import LocalTier
 from dlio_ckpt_ext.checkpoint.checkpointer import Checkpointer, inventory_error
 from dlio_ckpt_ext.config import CheckpointId, RunConfig, load_config
-from dlio_ckpt_ext.dlio import (interrupts, metrics, mpi, ownership, progress, records, recovery_report, results_lines,
-                               run_warnings,
-                               schedules, tier_report, tiers, trace, training, training_report)
+from dlio_ckpt_ext.dlio import (interrupts, metrics, mpi, ownership, progress, records, results_lines, run_warnings,
+                                schedules, tiers, trace, training)
+from dlio_ckpt_ext.results import recovery as recovery_block, tiers as tiers_block, training as training_block
 from dlio_ckpt_ext.dlio.mpi import (SharingGroups, Topology, abort, launcher_stream, sharing_groups, topology,
                                    user_terminal)
 from dlio_ckpt_ext.dlio.ownership import Lease
@@ -248,7 +248,7 @@ class CheckpointSession:
             print(line, flush=True)
 
     def tier_settings(self) -> dict:
-        return tier_report.settings(self)
+        return tiers_block.settings(self)
 
     def warnings(self) -> list[str]:
         """What a reader of the figures must know about how they were measured."""
@@ -369,9 +369,9 @@ class CheckpointSession:
         self.drain()
         c = self.config.checkpoint
         if self.config.trains:
-            training_report.summarise(self)
+            training_block.summarise(self)
             if c.num_checkpoints_read:
-                training_report.read_after(self)
+                training_block.read_after(self)
         self.end_time = time.time()
         if self.persister is not None:
             blocked = self.comm.gather(self.blocked, root=0)
@@ -392,13 +392,13 @@ class CheckpointSession:
             if self.rank == 0:
                 self.tier_windows = [metrics.global_window([g[i] for g in gathered])
                                      for i in range(len(self.tier_records))]
-                self.tiers_summary = tier_report.tiers_summary(
+                self.tiers_summary = tiers_block.tiers_summary(
                     self.tier_windows, self.windows["save"], self.config.persistent_interval_s, self.size,
                     self.async_summary["per_checkpoint"])
         if self.config.recovers:
             gathered = self.comm.gather(self.recoveries, root=0)
             if self.rank == 0:
-                self.recovery_summary = recovery_report.summarise(gathered)
+                self.recovery_summary = recovery_block.summarise(gathered)
         if self.saved_checkpoints():
             self._check_inventory(self.saved_checkpoints(), saved=True)
         with self.abort_on_error("writing the results"):

@@ -42,9 +42,9 @@ def run_figure(result: Result):
     (per file where the run kept no chunks),
     per-checkpoint throughput bars, each host's throughput per checkpoint
     (a slow node stands out below the others), then a panel for each block the run
-    has (tiers, recovery, training: report/panels.py), and where the run has an
+    has (tiers, recovery, training: their results/ modules), and where the run has an
     interval, its goodput against the interval and its badput at each scale."""
-    from dlio_ckpt_ext.report.panels import panels_of
+    from dlio_ckpt_ext.results import panels_of
     g = result.summary.get("goodput")
     blocks = panels_of(result.summary)
     heights = [3, 2, 2] + [2] * len(blocks) + ([3] if g else [])
@@ -93,7 +93,7 @@ def run_figure(result: Result):
     hosts.set_ylim(bottom=0)
     hosts.set_ylabel("GiB/s per host")
     hosts.set_title("each host's throughput per checkpoint (its ranks' bytes over its own window; slowest in red)")
-    for i, (_, draw) in enumerate(blocks):  # TIERS, RECOVERY, TRAINING (report/panels.py)
+    for i, (_, draw) in enumerate(blocks):  # TIERS, RECOVERY, TRAINING (each its results/ module's panel)
         draw(result.summary, fig.add_subplot(grid[3 + i, :]))
     if g:  # the GOODPUT block as a chart (report/goodput_chart.py)
         from dlio_ckpt_ext.report.goodput_chart import draw_goodput

@@ -1,5 +1,7 @@
 """RECOVERY: what each recovery cost the job, from every rank's record
-(schedules/recovery.py), gathered on rank 0 at the end of the run."""
+(schedules/recovery.py), gathered on rank 0 at the end of the run: its
+summary, its lines in RESULTS, and its panel in the run's picture (each
+recovery's bytes by source, its discovery and its time to resume)."""
 from __future__ import annotations
 
 from dlio_ckpt_ext.dlio.metrics import GiB
@@ -71,3 +73,35 @@ def conversion_line(c: dict) -> str:
             f"{c['merge_s']:.4f} s): read {c['read_files']} files ({c['read_bytes'] / GiB:.3f} GiB), wrote "
             f"{c['written_files']} ({c['written_bytes'] / GiB:.3f} GiB), removed {c['deleted_files']} fragments; "
             f"zero/ holds {c['zero_folders']} folders, one a parameter; the load lists {c['load_listings']}")
+
+
+# -- its panel in the run's picture (dlio-ckpt-report run) -----------------------
+
+#: where a recovery's bytes came from, bottom first, with their colours
+SOURCES = (("local_bytes", "local tier", "tab:orange"), ("moved_bytes", "from peers", "tab:purple"),
+           ("storage_bytes", "storage under test", "tab:blue"))
+
+
+def panel(record: dict, ax) -> None:
+    """Each recovery's bytes by where they came from (GiB), labelled with its discovery and
+    its time to resume."""
+    rows = record["recovery"]
+    labels = [f"{i}: {r['tier']} tier\nfound in {r['discovery_s']:.3f} s, resumed in {r['time_to_resume_s']:.3f} s"
+              for i, r in enumerate(rows, 1)]
+    left = [0.0] * len(rows)
+    for key, name, colour in SOURCES:
+        widths = [r[key] / GiB for r in rows]
+        ax.barh(range(len(rows)), widths, left=left, color=colour, label=name)
+        left = [a + b for a, b in zip(left, widths)]
+    ax.set_yticks(range(len(rows)), labels, fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlabel("GiB read to resume")
+    ax.set_title("RECOVERY: each recovery's bytes by source, its discovery and its time to resume", fontsize=9)
+    ax.legend(fontsize=7)
+
+
+KEY = "recovery"
+
+
+def drawn(block: list) -> bool:
+    return bool(block)

@@ -1,6 +1,8 @@
 """The TRAINING block: what checkpointing cost DLIO's training loop, from each
 rank's O(1) summary of the loop (dlio/training.py), merged on the way to rank 0
-(an MPI reduction: rank 0 holds O(checkpoints), whatever the ranks)."""
+(an MPI reduction: rank 0 holds O(checkpoints), whatever the ranks): its
+summary, its lines in RESULTS, and its panel in the run's picture (step
+times, and the loader's rate during the saves and outside them)."""
 from __future__ import annotations
 
 from typing import Optional
@@ -136,3 +138,33 @@ def read_after(session) -> None:
         session.load(epoch, step)
         if session.rank_sync:
             session.comm.barrier()
+
+
+# -- its panel in the run's picture (dlio-ckpt-report run) -----------------------
+
+
+def panel(record: dict, ax) -> None:
+    """A step without a save and each saving step (s); on the right axis, the data loader's
+    GiB/s a rank during the saves and outside them."""
+    s = record["training"]
+    steps = [("step without a save", s["plain_step_s"])] + [
+        (f"saving step {c['checkpoint']}", c["saving_step_s"]) for c in s["checkpoints"]]
+    xs = range(len(steps))
+    ax.bar(xs, [v or 0.0 for _, v in steps], color=["tab:gray"] + ["tab:blue"] * (len(steps) - 1))
+    ax.set_ylabel("seconds a step")
+    loader = [("loader during saves", s["data_loader"]["during_save"]["gib_s_per_rank"]),
+              ("loader otherwise", s["data_loader"]["no_save"]["gib_s_per_rank"])]
+    rates = ax.twinx()
+    lx = [len(steps) + 0.5 + i for i in range(2)]
+    rates.bar(lx, [v or 0.0 for _, v in loader], color=["tab:red", "tab:green"], width=0.6)
+    rates.set_ylabel("data loader GiB/s a rank")
+    ax.set_xticks([*xs, *lx], [n for n, _ in steps] + [n for n, _ in loader], rotation=30, ha="right", fontsize=7)
+    ax.set_title(f"TRAINING ({s['mode']} saves): step times, and the data loader's rate during the saves and "
+                 "outside them", fontsize=9)
+
+
+KEY = "training"
+
+
+def drawn(block: dict) -> bool:
+    return bool(block.get("checkpoints"))

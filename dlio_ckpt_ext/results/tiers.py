@@ -1,6 +1,8 @@
 """The TIERS block of a tiered run: what its local saves cost the foreground,
 and whether each persistent save fit in its interval, all from the global
-windows the record keeps (so `dlio-ckpt-report` and a reader can redo it)."""
+windows the record keeps (so `dlio-ckpt-report` and a reader can redo it):
+its summary for the record, its lines in RESULTS, its warnings, and its panel
+in the run's picture (a timeline of the saves against their intervals)."""
 from __future__ import annotations
 
 from typing import Optional
@@ -103,3 +105,35 @@ def settings(session) -> dict:
             "nice": session.persist_priority.get("nice", t.persistent_nice),
             "io_class": session.persist_priority.get("io_class", t.persistent_io),
             "same_file_system": session.tier_note is not None}
+
+
+# -- its panel in the run's picture (dlio-ckpt-report run) -----------------------
+
+
+def panel(record: dict, ax) -> None:
+    """Each local save and persistent save as a bar on the run's clock (a local save red
+    while a persist runs beside it), each persist's interval as the frame it must fit in."""
+    t = record["tiers"]
+    t0 = record["start_time"]
+    local = [(s["start"] - t0, s["duration_s"]) for s in t["local"]]
+    ax.broken_barh(local, (1.6, 0.8), facecolors=["tab:red" if s["during_persist"] else "tab:orange"
+                                                  for s in t["local"]], label="local save (red: beside a persist)")
+    ax.broken_barh([(p["start"] - t0, p["interval_s"]) for p in t["persistent"]], (0.5, 0.8), facecolors="none",
+                   edgecolors="tab:gray", linestyle="--", label="its interval")
+    ax.broken_barh([(p["start"] - t0, p["duration_s"]) for p in t["persistent"]], (0.6, 0.6),
+                   facecolors=["tab:blue" if p["fit"] else "tab:red" for p in t["persistent"]],
+                   label="persistent save (red: did not fit)")
+    ax.set_yticks([0.9, 2.0], ["persistent", "local"])
+    ax.set_xlabel("seconds since the run started")
+    slowdown = t.get("foreground_slowdown")
+    ax.set_title(f"TIERS: {t['persistent_fit']} of {t['persistent_saves']} persistent saves fit their interval; "
+                 "a local save beside a persist " + (f"{slowdown:.2f}x as long" if slowdown else "n/a"), fontsize=9)
+    ax.legend(fontsize=7, loc="upper right")
+
+
+#: the record key that says a run has the block, and whether it has something to draw
+KEY = "tiers"
+
+
+def drawn(block: dict) -> bool:
+    return bool(block.get("local"))  # a tiered run that only came back from a failure saved nothing
