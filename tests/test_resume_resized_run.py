@@ -43,7 +43,12 @@ def restored(preset: str, extra: list[str], ranks: int, saved: int) -> int:
     return cfg.layout.summary(cfg.shape, cfg.parallelism, cfg.load_job(ranks), cfg.read_size)["bytes_read"]
 
 
-@pytest.mark.parametrize("layout", LAYOUTS)
+#: DeepSpeed's own file names come back at another size through the same universal conversion as
+#: DLIO's: without DLIO in tests/test_resume_resized.py (every layout), end to end here by DLIO's files
+RESUMED_END_TO_END = [name for name in LAYOUTS if name != "deepspeed"]
+
+
+@pytest.mark.parametrize("layout", RESUMED_END_TO_END)
 def test_a_checkpoint_saved_at_2_ranks_is_resumed_at_4_and_at_1(workdir, layout):
     preset, extra, source = LAYOUTS[layout]
     saved = run_dlio(workdir, SAVED_AT, preset, *SHRINK, *extra, *SAVE, out="save")
