@@ -28,6 +28,15 @@ _allow_boto3_in_the_test_process()
 # names its own transports on mpirun's command line, which wins over this.
 os.environ.setdefault("OMPI_MCA_btl", "self,sm")
 
+#: every process a test starts imports TensorFlow on first use (tests/deferred_imports/sitecustomize.py):
+#: DLIO 2.0.0 imports it at start for a profiler no test uses, and that import was most of a rank's
+#: start (DLIO's tiny preset at 2 ranks: 10.5 s of CPU a run -> 3.7 s). DLIO_TEST_EAGER_IMPORTS=1 runs
+#: DLIO as a user does (.ci/run's install check).
+DEFERRED_IMPORTS = Path(__file__).resolve().parent / "deferred_imports"
+if os.environ.get("DLIO_TEST_EAGER_IMPORTS") != "1":
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(DEFERRED_IMPORTS), os.environ.get("PYTHONPATH"))
+                                               if p)
+
 REPO = Path(__file__).resolve().parents[1]
 PRESETS = REPO / "configs" / "dlio" / "workload"
 VENV_BIN = Path(sys.executable).parent

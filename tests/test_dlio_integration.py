@@ -2,8 +2,10 @@
 DLIO's tracer, DLIO's result files, one results directory per run."""
 import gzip
 import json
+import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -26,6 +28,20 @@ def expected_files(steps, ranks, shape) -> dict[str, int]:
     model, optim = zero3_file_sizes(**shape, ranks=ranks)
     return {f"global_epoch1_step{s}/zero_pp_rank_{r}_mp_rank_00_{kind}_states.pt": size
             for s in steps for r in range(ranks) for kind, size in (("model", model), ("optim", optim))}
+
+
+@pytest.mark.skipif(os.environ.get("DLIO_TEST_EAGER_IMPORTS") == "1", reason="DLIO_TEST_EAGER_IMPORTS=1: DLIO's "
+                    "processes import TensorFlow at start, as a user's do")
+def test_a_tests_dlio_process_imports_tensorflow_on_first_use_and_gets_the_real_one():
+    """tests/deferred_imports (tests/conftest.py): DLIO's start leaves TensorFlow unimported, and
+    DLIO's profiler module, once it uses it, has the real TensorFlow."""
+    probe = ("import sys, dlio_benchmark.main; from dlio_benchmark.profiler import tf_profiler; "
+             "before = type(sys.modules['tensorflow']).__name__; "
+             "options = tf_profiler.tf.profiler.experimental.ProfilerOptions; "
+             "print(before, type(sys.modules['tensorflow']).__name__, options.__module__)")
+    res = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert res.stdout.split() == ["_Deferred", "module", "tensorflow.python.profiler.profiler_v2"]
 
 
 @NEEDS_UPSTREAM  # DLIO 2.0.0 has no checkpoint-only workflow to drive a bare mechanism
