@@ -186,38 +186,3 @@ def scales(s: dict, nodes: list[int], failures_per_node_day: float, restart_s: f
             "tiers": [vars(t) for t in inputs["tiers"]], "notes": inputs["notes"],
             "failures_per_node_day": failures_per_node_day, "restart_s": restart_s,
             "bandwidth": "this run's a node, assumed to hold per node at every scale", "rows": rows}
-
-
-def goodput_lines(g: Optional[dict]) -> list[str]:
-    """The GOODPUT block of `scales`' result."""
-    if g is None:
-        return ["GOODPUT: the run has no interval between checkpoints (no tiers.interval_s, training loop or "
-                "checkpoint.time_between_checkpoints): set workload.goodput.interval_s (dlio-ckpt-report goodput "
-                "--interval-s)"]
-    pct = lambda v: f"{100 * v:.2f} %"  # noqa: E731
-    first, rate = g["tiers"][0], g["failures_per_node_day"]
-    lines = ["GOODPUT (dlio_ckpt_ext/goodput.py; docs/goodput.md):",
-             f"  failures                     {rate:g} a node and day"
-             + (f" ({FAILURE_SOURCE})" if rate == LLAMA3_FAILURES_PER_NODE_DAY else ""),
-             f"  restart outside storage      {g['restart_s']:g} s" + ("" if g["restart_s"] else " (not given)"),
-             f"  this run ({g['kind']})              {g['run_nodes']} node(s): stall {first['stall_s']:.3f} s a "
-             f"checkpoint, durable {first['lag_s']:.3f} s after, restore {first['restore_s']:.3f} s; interval "
-             f"{g['interval_s']:g} s"]
-    if g["kind"] == "tiers":
-        p = g["tiers"][1]
-        lines.append(f"  {'persistent tier':28s} one save in {p['every']}: stall {p['stall_s']:.3f} s, durable "
-                     f"{p['lag_s']:.3f} s after, restore {p['restore_s']:.3f} s")
-    lines += [f"  note: {n}" for n in g["notes"]]
-    lines.append("  at other scales: the checkpoint's bytes spread over the nodes, each node's bandwidth this "
-                 "run's (assumed to scale per node)")
-    lines.append(f"  {'nodes':>6} {'local share':>11} {'MTBF':>9} {'interval':>9} {'goodput':>9} {'stall':>8} "
-                 f"{'restart':>8} {'restore':>8} {'lost':>8} | {'best':>9} {'goodput':>9}")
-    for r in g["rows"]:
-        b, top = r["at_interval"], r["at_best"]
-        flag = "" if b["first_order_holds"] and top["first_order_holds"] else "  (beyond the model's first order)"
-        share = "" if r["local_share"] is None else f"{r['local_share']:g}"
-        lines.append(f"  {r['nodes']:>6} {share:>11} {b['mtbf_s'] / 3600:>8.2f}h {b['interval_s']:>8.0f}s "
-                     f"{pct(b['goodput']):>9} {pct(b['save_stall']):>8} {pct(b['restart']):>8} "
-                     f"{pct(b['restore']):>8} {pct(b['lost_work']):>8} | {top['interval_s']:>8.1f}s "
-                     f"{pct(top['goodput']):>9}{flag}")
-    return lines

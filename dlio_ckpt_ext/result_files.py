@@ -3,6 +3,8 @@ and the readers (report/, submit) share, so neither reaches into the other.
 
 DLIO owns summary.json (its schema: dlio/dlio_schema.py); ours sit beside it.
 """
+import json
+import os
 
 #: our record of a finished run: status "success", figures, manifest, config
 RECORD_FILE = "ckpt_ext_summary.json"
@@ -25,3 +27,11 @@ OWNER_FILE = "ckpt_ext_owner.json"
 #: rank 0 appends each checkpoint's global window (every rank finished it) as it ends, one JSON
 #: line each: what a run that breaks later still measured (`dlio-ckpt-report status`)
 WINDOWS_FILE = "ckpt_ext_windows.jsonl"
+
+
+def write_json(path: str, data: dict) -> None:
+    """Write atomically: a reader never sees half a file."""
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as fh:
+        json.dump(data, fh, indent=1, default=str)
+    os.replace(tmp, path)

@@ -147,7 +147,7 @@ def test_closed_keeps_dlios_files_and_incompressible_bytes():
 def test_results_say_what_the_framework_itself_would_wait_for(tmp_path, layout, framework_says):
     """RESULTS (save) has a durability line: our fsync of every file beside the framework's own."""
     from dlio_ckpt_ext.checkpoint.checkpointer import Checkpointer
-    from dlio_ckpt_ext.dlio.metrics import results_block
+    from dlio_ckpt_ext.results.phases import results_block
     m = {"shape": {"num_layers": 2, "hidden_size": 256, "ffn_hidden_size": 512, "vocab_size": 1024,
                    "num_attention_heads": 4, "num_kv_heads": 2, "model_datatype": "fp32", "optimizer_datatype": "fp32"},
          "parallelism": {"zero_stage": 1 if layout == "megatron" else 3}, "layout": layout, "world_size": 2}

@@ -146,7 +146,8 @@ def record(**extra) -> dict:
 
 
 def test_the_report_reads_each_schedule_s_figures_and_scales_them_per_node():
-    from dlio_ckpt_ext.goodput import at_scale, goodput_lines, measured, scales
+    from dlio_ckpt_ext.goodput import at_scale, measured, scales
+    from dlio_ckpt_ext.results.goodput import goodput_lines
     sync = measured(record(), 600.0)
     assert sync["kind"] == "sync" and sync["tiers"] == [goodput.Tier(20.0, 0.0, 10.0)] and sync["interval_s"] == 600
     asynchronous = measured(record(**{"async": {"blocked_s": {"mean": 2.0}, "interval_s": 300}}))
@@ -181,7 +182,8 @@ def test_a_recovery_s_time_to_resume_is_the_restore_of_its_tier():
 
 
 def test_a_run_without_an_interval_is_asked_for_one():
-    from dlio_ckpt_ext.goodput import goodput_lines, scales
+    from dlio_ckpt_ext.goodput import scales
+    from dlio_ckpt_ext.results.goodput import goodput_lines
     from dlio_ckpt_ext.report.goodput_report import goodput_report
     from dlio_ckpt_ext.report.results import ResultsError
     with pytest.raises(ResultsError, match="give --interval-s"):
@@ -219,7 +221,8 @@ def test_the_goodput_chart_draws_each_scales_curve_and_badput_as_the_model_compu
     intervals for the row's tiers and MTBF, the run's and the best interval marked on it, the
     shading starts where the first order stops holding, and each bar stack is the row's badput."""
     from dlio_ckpt_ext.goodput import scales
-    from dlio_ckpt_ext.report.goodput_chart import BADPUT, goodput_figure
+    from dlio_ckpt_ext.report.goodput_chart import goodput_figure
+    from dlio_ckpt_ext.results.goodput import BADPUT
     from dlio_ckpt_ext.report.goodput_report import goodput_report
     extra = {"tiers": {"local_s_mean": 4.0, "persistent": [{"staging_s": 1.0}],
                        "settings": {"persistent_every": 5, "interval_s": 120}}} if tiered else {}

@@ -264,7 +264,7 @@ def test_traces_refuses_a_run_without_traces_or_without_process_ids(tmp_path, ca
 
 def test_results_block_gives_generation_only_where_something_was_generated():
     """A load without verify regenerates nothing: no 'n/a' generation line, no ratio."""
-    from dlio_ckpt_ext.dlio.metrics import results_block
+    from dlio_ckpt_ext.results.phases import results_block
     from dlio_ckpt_ext.engine.profile import phase_report
     rank = {"bytes": 2**30, "fill_s": 0.0, "io_s": 0.5, "close_s": 0.0, "wall_s": 0.5, "chunks_io_bound": 4,
             "chunks_fill_bound": 0}
@@ -281,7 +281,7 @@ def test_results_block_gives_generation_only_where_something_was_generated():
 def test_report_points_give_io_per_file_even_where_chunks_were_kept():
     """16 reads of 1 GiB in flight for 1 s: each chunk alone ran at 1 GiB/s, the
     file (and the rank) at 16: the point must be the file's, the rate of the bars."""
-    from dlio_ckpt_ext.report.plots import _points
+    from dlio_ckpt_ext.results.phases import _points
     chunks = [[i * 2**30, 2**30, 0.0, 1.0, 0.0, 0.0, 101.0, 100.0] for i in range(16)]
     file = {"nbytes": 16 * 2**30, "io_s": 1.0, "close_s": 0.0, "fill_s": 0.0, "end": 101.0, "chunks": chunks}
     io, fills, unit = _points([{"files": [file]}], 100.0)

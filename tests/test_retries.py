@@ -1,5 +1,5 @@
 """Throttles and retries as each client says them (storage/retries.py,
-storage/s3dlio_log.py), and as the results say them (dlio/metrics.py)."""
+storage/s3dlio_log.py), and as the results say them (results/phases.py)."""
 import os
 import subprocess
 import sys
@@ -7,7 +7,7 @@ import textwrap
 
 import pytest
 
-from dlio_ckpt_ext.dlio import metrics
+from dlio_ckpt_ext.results import phases, windows
 from dlio_ckpt_ext.storage import retries
 from dlio_ckpt_ext.storage.s3dlio_log import count_line
 
@@ -86,27 +86,27 @@ def test_backoff_doubles_from_the_first_wait_with_jitter_and_a_limit():
 
 def window(rank: int, host: str, throttled: int, retried: int, counted: bool = True) -> dict:
     return {"step": 2, "start": 0.0, "end": 1.0 + rank, "elapsed_s": 1.0, "bytes": 100, "rank": rank, "host": host,
-            **dict.fromkeys(metrics.USAGE_KEYS, 0),
+            **dict.fromkeys(windows.USAGE_KEYS, 0),
             "retries": {"throttled": throttled, "retried": retried, "gave_up": 0} if counted else None}
 
 
 def test_a_windows_throttling_is_summed_named_by_rank_and_host_and_warned():
-    w = metrics.global_window([window(0, "a", 3, 4), window(1, "a", 0, 1), window(2, "b", 2, 2),
+    w = windows.global_window([window(0, "a", 3, 4), window(1, "a", 0, 1), window(2, "b", 2, 2),
                                window(3, "b", 0, 0, counted=False)])
     assert w["retries"] == {"throttled": 5, "retried": 7, "gave_up": 0, "ranks_counted": 3, "ranks": 4,
                             "throttled_ranks": [0, 2], "throttled_hosts": {"a": 3, "b": 2}}
-    assert metrics.window_line("save", w).endswith("; 5 request(s) throttled")
-    [warning] = metrics.throttle_warnings("save", [w])
+    assert windows.window_line("save", w).endswith("; 5 request(s) throttled")
+    [warning] = phases.throttle_warnings("save", [w])
     assert warning.startswith("[WARNING] checkpoint save 2: 5 request(s) throttled on rank(s) 0, 2; host(s) a 3, b 2")
-    calm = metrics.global_window([window(0, "a", 0, 0)])
-    assert metrics.throttle_warnings("save", [calm]) == [] and "throttled" not in metrics.window_line("save", calm)
-    phase = metrics.phase_retries([calm, w])
+    calm = windows.global_window([window(0, "a", 0, 0)])
+    assert phases.throttle_warnings("save", [calm]) == [] and "throttled" not in windows.window_line("save", calm)
+    phase = phases.phase_retries([calm, w])
     assert phase["throttled"] == 5 and phase["throttled_steps"] == [2] and phase["ranks_counted"] == 1
-    assert metrics.retry_lines(phase) == [
+    assert phases.retry_lines(phase) == [
         "  throttled requests           5 (retried 7, gave up 0; counted on 1 of 4 ranks) on rank(s) 0, 2; "
         "host(s) a 3, b 2; in checkpoint(s) 2"]
     # a file system: no client to count, no line
-    assert metrics.phase_retries([metrics.global_window([window(0, "a", 0, 0, counted=False)])]) is None
+    assert phases.phase_retries([windows.global_window([window(0, "a", 0, 0, counted=False)])]) is None
 
 
 def test_the_log_reader_counts_what_reaches_fd_1_and_passes_everything_else_on(tmp_path):

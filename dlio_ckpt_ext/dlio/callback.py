@@ -240,6 +240,19 @@ def _multirun() -> bool:
 
 class CheckpointWorkloadCallback(Callback):
     def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
+        """Our set-up of the job; one that fails ends every rank, saying why. Hydra turns a
+        callback's exception into a warning and runs the job anyway, half set up: a training
+        run then counted no step, and on S3 one hung until killed."""
+        try:
+            self._start_job(config)
+        except Exception as exc:  # noqa: BLE001 - any failure here is said, never left to hydra
+            from mpi4py import MPI  # DLIO's own communicator may be what failed to start
+
+            from dlio_ckpt_ext.dlio.mpi import abort
+            abort(MPI.COMM_WORLD, "the checkpoint workload's set-up failed (dlio_ckpt_ext's hydra "
+                  f"callback): {type(exc).__name__}: {exc}", exc)
+
+    def _start_job(self, config: DictConfig) -> None:
         from dlio_ckpt_ext.dlio import storage
         workload = config.workload
         context.set_workload(workload)

@@ -15,7 +15,8 @@ import socket
 
 import psutil
 
-from dlio_ckpt_ext.dlio import metrics
+from dlio_ckpt_ext.result_files import write_json
+from dlio_ckpt_ext.results.windows import mean_std
 
 TS_FORMAT = "%Y-%m-%dT%H:%M:%S.%f"  # DLIO's utcnow() format (local time, despite the name)
 SUMMARY_FILE = "summary.json"
@@ -45,8 +46,8 @@ def metric_fields(windows: dict[str, list[dict]], checkpoint_gib: float) -> dict
         w = windows.get(phase) or []
         if not w:
             continue
-        io_mean, io_std = metrics.mean_std([x["throughput_gib_s"] for x in w])
-        d_mean, d_std = metrics.mean_std([x["duration_s"] for x in w])
+        io_mean, io_std = mean_std([x["throughput_gib_s"] for x in w])
+        d_mean, d_std = mean_std([x["duration_s"] for x in w])
         out[f"{phase}_checkpoint_io_mean_GB_per_second"] = io_mean
         out[f"{phase}_checkpoint_io_stdev_GB_per_second"] = io_std
         out[f"{phase}_checkpoint_duration_mean_seconds"] = d_mean
@@ -103,6 +104,6 @@ def output(start: float, end: float) -> dict:
 
 def write_rank_files(folder: str, rank: int, start: float, end: float,
                      timings: dict[str, list[tuple[float, float]]], checkpoint_gib: float) -> None:
-    metrics.write_json(os.path.join(folder, f"{rank}_per_epoch_stats.json"),
+    write_json(os.path.join(folder, f"{rank}_per_epoch_stats.json"),
                        per_epoch_stats(start, end, timings, checkpoint_gib))
-    metrics.write_json(os.path.join(folder, f"{rank}_output.json"), output(start, end))
+    write_json(os.path.join(folder, f"{rank}_output.json"), output(start, end))

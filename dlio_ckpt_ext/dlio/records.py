@@ -17,13 +17,15 @@ from typing import Optional, Protocol
 
 from omegaconf import DictConfig, OmegaConf
 
-from dlio_ckpt_ext import goodput
-from dlio_ckpt_ext.dlio import metrics, provenance, trace
+from dlio_ckpt_ext.dlio import provenance, trace
+from dlio_ckpt_ext.engine.profile import GiB
+from dlio_ckpt_ext.results import goodput
+from dlio_ckpt_ext.results.windows import mean_std
 from dlio_ckpt_ext.engine.buffers import huge_page_bytes, thp_setting
 from dlio_ckpt_ext.engine.threads import usable_cpus
 from dlio_ckpt_ext.redact import redact_args, redact_tree
 from dlio_ckpt_ext.result_files import (CHUNKS_FILE, CONFIG_FILE, MANIFEST_FILE, RANK_STATS_DIR, RECORD_FILE,
-                                        RUNNING_FILE, WINDOWS_FILE)
+                                        RUNNING_FILE, WINDOWS_FILE, write_json)
 
 from dlio_ckpt_ext.checkpoint.checkpointer import Checkpointer
 from dlio_ckpt_ext.config import RunConfig
@@ -83,7 +85,7 @@ def write_running(session: CheckpointSession) -> None:
     progress (see RUNNING_FILE), with every checkpoint this run will write."""
     c, topo = session.config.checkpoint, session.topology
     os.makedirs(session.output_folder, exist_ok=True)
-    metrics.write_json(os.path.join(session.output_folder, RUNNING_FILE), {
+    write_json(os.path.join(session.output_folder, RUNNING_FILE), {
         "status": "running", "start_time": session.start_time, "start_time_utc": _utc(session.start_time),
         "command": redact_args(sys.argv), "ranks": session.size, "hosts": list(topo.hosts),
         "checkpoints": redact_tree(session.checkpointer.planned_writes(session.config.checkpoints_saved())),
@@ -112,7 +114,7 @@ def file_summary(stats: dict) -> dict:
     """A file's record without its chunk list: how many chunks, and their I/O
     rates' percentiles (a chunk is [offset, nbytes, fill_s, io_s, ...])."""
     chunks = stats.get("chunks") or []
-    rates = [c[1] / metrics.GiB / c[3] for c in chunks if c[3] > 0]
+    rates = [c[1] / GiB / c[3] for c in chunks if c[3] > 0]
     out = {k: v for k, v in stats.items() if k != "chunks"}
     out["chunk_count"] = len(chunks)
     if rates:
@@ -130,7 +132,7 @@ def write_rank_stats(session: CheckpointSession, totals: dict) -> None:
         with gzip.open(os.path.join(rank_dir, CHUNKS_FILE.format(rank=session.rank)), "wt") as fh:
             json.dump({"rank": session.rank, "phases": {p: [[f["chunks"] for f in rec["files"]] for rec in recs]
                                                         for p, recs in session.local.items()}}, fh)
-    metrics.write_json(os.path.join(rank_dir, f"rank_{session.rank:05d}.json"), {
+    write_json(os.path.join(rank_dir, f"rank_{session.rank:05d}.json"), {
         # pid: DLIO 2.0.0 traces a rank as process id = rank; `dlio-ckpt-report traces` puts this back
         "rank": session.rank, "hostname": os.uname().nodename, "pid": os.getpid(), "local_rank": topo.local_rank,
         "ranks_per_node": topo.ranks_per_node, "gen_threads": ck.gen_threads,
@@ -178,8 +180,8 @@ def effective_config(session: CheckpointSession) -> tuple[dict, dict]:
 
 
 def phase_summary(windows: list[dict], report: dict) -> dict:
-    d_mean, d_std = metrics.mean_std([x["duration_s"] for x in windows])
-    t_mean, t_std = metrics.mean_std([x["throughput_gib_s"] for x in windows])
+    d_mean, d_std = mean_std([x["duration_s"] for x in windows])
+    t_mean, t_std = mean_std([x["throughput_gib_s"] for x in windows])
     return {"checkpoints": len(windows), "duration_s_mean": d_mean, "duration_s_std": d_std,
             "throughput_gib_s_mean": t_mean, "throughput_gib_s_std": t_std,
             "per_checkpoint": windows, "results": report}
@@ -192,11 +194,11 @@ def write_run_record(session: CheckpointSession, reports: dict) -> list[str]:
     size = session.checkpoint_bytes
     man = manifest(session)
     sections, workload = effective_config(session)
-    metrics.write_json(os.path.join(folder, MANIFEST_FILE), man)
+    write_json(os.path.join(folder, MANIFEST_FILE), man)
     with open(os.path.join(folder, CONFIG_FILE), "w") as fh:
         fh.write(OmegaConf.to_yaml({"workload": workload}))
     record = {"status": "success", "benchmark": "dlio-ckpt-ext streaming checkpoint",
-              "checkpoint_bytes": size, "checkpoint_gib": size / metrics.GiB,
+              "checkpoint_bytes": size, "checkpoint_gib": size / GiB,
               **man, "inventory": session.inventory, "warnings": session.warnings(), "stalls": session.stalls,
               "config": {"effective": sections, "workload": workload}}
     for phase in ("save", "load"):
@@ -218,8 +220,6 @@ def write_run_record(session: CheckpointSession, reports: dict) -> list[str]:
         record["recovery"] = session.recovery_summary
     if session.conversions:
         record["conversions"] = session.conversions
-    g = session.config.sections.goodput
-    record["goodput"] = goodput.scales(record, g.nodes, g.failures_per_node_day, g.restart_s, g.interval_s or None,
-                                       None if g.local_share < 0 else g.local_share)
-    metrics.write_json(os.path.join(folder, RECORD_FILE), record)
+    record["goodput"] = goodput.summarise(record, session.config.sections.goodput)
+    write_json(os.path.join(folder, RECORD_FILE), record)
     return goodput.goodput_lines(record["goodput"])

@@ -23,8 +23,9 @@ from dlio_ckpt_ext.checkpoint.background import BackgroundPersist
 from dlio_ckpt_ext.checkpoint.local_tier import LocalTier
 from dlio_ckpt_ext.checkpoint.checkpointer import Checkpointer, inventory_error
 from dlio_ckpt_ext.config import CheckpointId, RunConfig, load_config
-from dlio_ckpt_ext.dlio import (interrupts, metrics, mpi, ownership, progress, records, results_lines, run_warnings,
-                                schedules, tiers, trace, training)
+from dlio_ckpt_ext.dlio import interrupts, mpi, ownership, progress, records, schedules, tiers, trace, training
+from dlio_ckpt_ext.engine.profile import GiB
+from dlio_ckpt_ext.results import async_saves, lines as results_lines, phases, run_warnings, windows
 from dlio_ckpt_ext.results import recovery as recovery_block, tiers as tiers_block, training as training_block
 from dlio_ckpt_ext.dlio.mpi import (SharingGroups, Topology, abort, launcher_stream, sharing_groups, topology,
                                    user_terminal)
@@ -74,7 +75,7 @@ class CheckpointSession:
         self.drain_s = 0.0
         #: per rank whose CPU share set its save figure, the checkpoint steps where it did
         self.starved_steps: dict[int, list[int]] = {}
-        #: per phase, rank 0's sum of every rank's CPU in the windows (metrics.client_cpu)
+        #: per phase, rank 0's sum of every rank's CPU in the windows (phases.client_cpu)
         self.client_cpu: dict[str, dict] = {}
         self.persister: Optional[BackgroundPersist] = None
         #: tiers: this rank's local tier, its record of each local save, and the
@@ -242,7 +243,7 @@ class CheckpointSession:
         ck = self.checkpointer
         total = ck.checkpoint_bytes()
         print(f"[INFO] streaming checkpoint: model {self.config.model.name}, {self.size} ranks on "
-              f"{self.topology.num_hosts} host(s), {total} bytes ({total / metrics.GiB:.2f} GiB) per checkpoint "
+              f"{self.topology.num_hosts} host(s), {total} bytes ({total / GiB:.2f} GiB) per checkpoint "
               f"to {ck.backend.uri('').rstrip('/')}", flush=True)
         for line in self.warnings() + ([self.tier_note] if self.tier_note else []):
             print(line, flush=True)
@@ -310,7 +311,7 @@ class CheckpointSession:
                 self.stall_watch.end()
             end = time.time()
             usage = usage_since(usage)
-        record = metrics.local_record(label, files, start, end, usage, *self.client_since(counted))
+        record = windows.local_record(label, files, start, end, usage, *self.client_since(counted))
         if phase == "load" and self.sharing is not None:
             record.update(self.checkpointer.last_broadcast)
         self.local[phase].append(record)
@@ -335,12 +336,12 @@ class CheckpointSession:
         if not self.rank_sync:
             return
         with self.abort_on_error(f"gathering checkpoint {phase} {record['step']}'s window"):
-            parts = self.comm.gather(metrics.window_part(record, self.rank, self.topology.host), root=0)
+            parts = self.comm.gather(windows.window_part(record, self.rank, self.topology.host), root=0)
             if self.rank == 0:
-                window = metrics.global_window(parts)
+                window = windows.global_window(parts)
                 records.append_window(self, phase, window)
-                print(f"[INFO] {metrics.window_line(phase, window)}", flush=True)
-                for line in metrics.throttle_warnings(phase, [window]):
+                print(f"[INFO] {windows.window_line(phase, window)}", flush=True)
+                for line in phases.throttle_warnings(phase, [window]):
                     progress.say_now(line)
 
     def _barrier(self) -> None:
@@ -379,18 +380,18 @@ class CheckpointSession:
         for phase in PHASES:
             replica = self.rank // (self.config.parallelism.tensor * self.config.parallelism.pipeline) \
                 if self.config.is_model_load and phase == "load" else None
-            gathered = self.comm.gather([metrics.window_part(r, self.rank, self.topology.host, replica)
+            gathered = self.comm.gather([windows.window_part(r, self.rank, self.topology.host, replica)
                                          for r in self.local[phase]], root=0)
             if self.rank == 0:
-                self.windows[phase] = [metrics.global_window([g[i] for g in gathered])
+                self.windows[phase] = [windows.global_window([g[i] for g in gathered])
                                        for i in range(len(self.local[phase]))]
         if self.persister is not None and self.rank == 0:
-            self.async_summary = metrics.async_checkpoints(blocked, self.windows["save"], self.drain_s)
+            self.async_summary = async_saves.async_checkpoints(blocked, self.windows["save"], self.drain_s)
         if self.tier is not None:
-            gathered = self.comm.gather([metrics.window_part(r, self.rank, self.topology.host)
+            gathered = self.comm.gather([windows.window_part(r, self.rank, self.topology.host)
                                          for r in self.tier_records], root=0)
             if self.rank == 0:
-                self.tier_windows = [metrics.global_window([g[i] for g in gathered])
+                self.tier_windows = [windows.global_window([g[i] for g in gathered])
                                      for i in range(len(self.tier_records))]
                 self.tiers_summary = tiers_block.tiers_summary(
                     self.tier_windows, self.windows["save"], self.config.persistent_interval_s, self.size,
@@ -451,8 +452,8 @@ class CheckpointSession:
         for phase in PHASES:
             if reports[phase]:
                 reports[phase]["client_cpu"] = self.client_cpu[phase] = \
-                    metrics.client_cpu(self.windows[phase], self.topology.node_cpus)
-                reports[phase]["slow_requests"] = metrics.slow_requests([s[phase] for s in slow])
+                    phases.client_cpu(self.windows[phase], self.topology.node_cpus)
+                reports[phase]["slow_requests"] = phases.slow_requests([s[phase] for s in slow])
         print("\n".join(results_lines.lines(self, reports)), flush=True)
         print("\n".join(records.write_run_record(self, reports)), flush=True)
         print(f"[INFO] results in {self.output_folder}", flush=True)

@@ -24,7 +24,8 @@ from dlio_benchmark.utils.utility import DLIOMPI
 from omegaconf import DictConfig
 
 from dlio_ckpt_ext.config import MECHANISM_CLASS
-from dlio_ckpt_ext.dlio import dlio_schema, metrics, trace
+from dlio_ckpt_ext.dlio import dlio_schema, trace
+from dlio_ckpt_ext.result_files import write_json
 from dlio_ckpt_ext.dlio.mechanism import StreamingCheckpointing
 from dlio_ckpt_ext.dlio.mpi import abort
 from dlio_ckpt_ext.errors import ConfigError, StorageError
@@ -160,4 +161,4 @@ class CheckpointOnlyBenchmark:
                                           session.windows, gib)
             if session.async_summary is not None:
                 summary["metric"].update(dlio_schema.async_metric_fields(session.async_summary))
-            metrics.write_json(os.path.join(folder, dlio_schema.SUMMARY_FILE), summary)
+            write_json(os.path.join(folder, dlio_schema.SUMMARY_FILE), summary)

@@ -8,6 +8,7 @@ from typing import Optional
 
 from dlio_ckpt_ext import goodput
 from dlio_ckpt_ext.report.results import ResultsError
+from dlio_ckpt_ext.results.goodput import goodput_lines
 
 
 def goodput_report(summary: dict, nodes: list[int], failures_per_node_day: float, restart_s: float,
@@ -18,7 +19,7 @@ def goodput_report(summary: dict, nodes: list[int], failures_per_node_day: float
     if g is None:
         raise ResultsError("the run says no interval between checkpoints (no tiers.interval_s, training loop or "
                            "checkpoint.time_between_checkpoints): give --interval-s")
-    lines = goodput.goodput_lines(g)
+    lines = goodput_lines(g)
     if out:
         from dlio_ckpt_ext.report.goodput_chart import goodput_chart
         lines.append(f"chart: {goodput_chart(g, Path(out))}")

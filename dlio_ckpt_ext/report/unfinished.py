@@ -137,7 +137,7 @@ def finished_windows(folder: Path) -> dict[str, list[dict]]:
 def measured_lines(folder: Path) -> list[str]:
     """What an unfinished run measured: each checkpoint every rank finished, as
     the run said it, and the [METRIC]-style figures of those alone."""
-    from dlio_ckpt_ext.dlio import metrics
+    from dlio_ckpt_ext.results.windows import metric_lines, window_line
     windows = finished_windows(folder)
     if not windows:
         return ["  measured: no checkpoint finished on every rank (or the run did not keep windows: "
@@ -145,8 +145,8 @@ def measured_lines(folder: Path) -> list[str]:
     lines = ["  measured before it broke (checkpoints every rank finished; not a result of a finished run):"]
     for phase in ("save", "load"):
         for w in windows.get(phase, []):
-            lines.append(f"    {metrics.window_line(phase, w)}")
-        lines += [f"    {line}" for line in metrics.metric_lines(phase, windows.get(phase, []),
+            lines.append(f"    {window_line(phase, w)}")
+        lines += [f"    {line}" for line in metric_lines(phase, windows.get(phase, []),
                                                                   "[METRIC, unfinished run]")
                   if windows.get(phase)]
     return lines

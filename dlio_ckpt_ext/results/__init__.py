@@ -4,10 +4,13 @@ for the record, its lines in RESULTS, its warnings, and its panel in the run's
 picture (`dlio-ckpt-report run`). `dlio/` keeps DLIO's glue and the run's
 lifecycle, and calls these.
 
-Each module here has `KEY` (the record key that says a run has the block),
-`drawn(block)` (whether there is something to draw) and `panel(record, ax)`.
-A new block is one module and one line in `BLOCKS`; the save, load, restore,
-model-load and async blocks are still in dlio/metrics.py."""
+The blocks: the save and load phases (phases.py, from what every rank's
+window gathers: windows.py), the restore (restore.py), the model load
+(model_load.py), async mode (async_saves.py), TIERS, RECOVERY, TRAINING and
+GOODPUT; lines.py puts RESULTS in order and run_warnings.py says its warnings.
+Each block drawn below the phases' panels has `KEY` (the record key that says
+a run has it), `drawn(block)` (whether there is something to draw) and
+`panel(record, ax)`: a new one is one module and one line in `BLOCKS`."""
 from __future__ import annotations
 
 from typing import Callable

@@ -4,7 +4,7 @@ summary, its lines in RESULTS, and its panel in the run's picture (each
 recovery's bytes by source, its discovery and its time to resume)."""
 from __future__ import annotations
 
-from dlio_ckpt_ext.dlio.metrics import GiB
+from dlio_ckpt_ext.engine.profile import GiB
 
 
 def summarise(gathered: list[list[dict]]) -> list[dict]:

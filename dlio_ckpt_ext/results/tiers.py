@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from dlio_ckpt_ext.dlio import metrics
+from dlio_ckpt_ext.results import windows
 from dlio_ckpt_ext.engine.profile import GiB
 
 
@@ -90,7 +90,7 @@ def overrun_warnings(s: dict) -> list[str]:
     late = [r for r in s["persistent"] if not r["fit"]]
     if not late:
         return []
-    return [f"[WARNING] persistent save(s) of checkpoint step(s) {metrics.listed([r['step'] for r in late])} did not "
+    return [f"[WARNING] persistent save(s) of checkpoint step(s) {windows.listed([r['step'] for r in late])} did not "
             f"fit in their {late[0]['interval_s']:g} s interval (workload.tiers.interval_s): "
             + ", ".join(f"{r['duration_s']:.3f} s" for r in late[:8])
             + "; the storage under test cannot keep this schedule"]

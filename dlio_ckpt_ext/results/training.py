@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from typing import Optional
 
-from dlio_ckpt_ext.dlio.metrics import GiB, mean_std
+from dlio_ckpt_ext.engine.profile import GiB
+from dlio_ckpt_ext.results.windows import mean_std
 from dlio_ckpt_ext.dlio import training
 from dlio_ckpt_ext.dlio.training import TrainingLoop
 

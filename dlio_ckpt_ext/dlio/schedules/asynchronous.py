@@ -8,7 +8,8 @@ import threading
 import time
 
 from dlio_ckpt_ext.checkpoint.priority import lower_this_thread
-from dlio_ckpt_ext.dlio import metrics, progress, training
+from dlio_ckpt_ext.dlio import progress, training
+from dlio_ckpt_ext.results import windows
 from dlio_ckpt_ext.engine.profile import FileStats, process_usage, usage_since
 
 
@@ -57,6 +58,6 @@ def persist(session, epoch: int, step: int) -> None:
     end = time.time()
     busy.closed.append((start, end))
     busy.open_since = None
-    session.local["save"].append(metrics.local_record(label, files, start, end, usage_since(usage),
+    session.local["save"].append(windows.local_record(label, files, start, end, usage_since(usage),
                                                    *session.client_since(counted)))
     session.files["save"].extend(files)

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import time
 
-from dlio_ckpt_ext.dlio import metrics, progress, tiers, training
+from dlio_ckpt_ext.dlio import progress, tiers, training
+from dlio_ckpt_ext.results import windows
 from dlio_ckpt_ext.dlio.schedules import asynchronous
 from dlio_ckpt_ext.engine.profile import FileStats, process_usage, usage_since
 
@@ -23,7 +24,7 @@ def save(session, epoch: int, step: int, iteration: int, persistent: bool) -> li
             session.stall_watch.end()
             session.tier.current_file = ""
         end = time.time()
-    session.tier_records.append(metrics.local_record(iteration, files, start, end, usage_since(usage)))
+    session.tier_records.append(windows.local_record(iteration, files, start, end, usage_since(usage)))
     training.io_windows().closed.append((start, end))
     if persistent:
         asynchronous.save(session, epoch, step)

@@ -2,8 +2,8 @@
 know about how they were measured."""
 from __future__ import annotations
 
-from dlio_ckpt_ext.dlio import metrics, records, trace
-from dlio_ckpt_ext.results import tiers
+from dlio_ckpt_ext.dlio import records, trace
+from dlio_ckpt_ext.results import phases, tiers, windows
 from dlio_ckpt_ext.dlio.mpi import Topology
 
 PHASES = ("save", "load")
@@ -13,8 +13,8 @@ def generation_limited_warning(steps: dict[int, list[int]], topo: Topology) -> s
     """Which ranks' save figures were their generators', and what would help on
     this node: a wider binding only where the node has CPUs the binding withholds."""
     all_steps = sorted({s for rank_steps in steps.values() for s in rank_steps})
-    head = (f"[WARNING] generation limited the save of checkpoint step(s) {metrics.listed(all_steps)} on rank(s) "
-            f"{metrics.listed(sorted(steps))}: at the generator thread limit, files carrying most of the checkpoint's "
+    head = (f"[WARNING] generation limited the save of checkpoint step(s) {windows.listed(all_steps)} on rank(s) "
+            f"{windows.listed(sorted(steps))}: at the generator thread limit, files carrying most of the checkpoint's "
             f"bytes took longer to generate than to write (rank 0 may run on {topo.cpu_mask_size} CPU(s), "
             f"its share {topo.cpu_share:g}; binding: {topo.binding}); ")
     per_rank = topo.node_cpus // max(1, topo.ranks_per_node)
@@ -66,12 +66,12 @@ def warnings(session) -> list[str]:
     if c.num_checkpoints_write and backend.chunk_warning(session.config.chunk_size):
         out.append(backend.chunk_warning(session.config.chunk_size))
     for phase, cpu in session.client_cpu.items():
-        out += metrics.client_cpu_warning(phase, cpu)
-    out += metrics.stall_warnings(session.stalls)
+        out += phases.client_cpu_warning(phase, cpu)
+    out += phases.stall_warnings(session.stalls)
     if session.tiers_summary is not None:
         out += tiers.overrun_warnings(session.tiers_summary)
     for phase in PHASES:
-        out += metrics.throttle_warnings(phase, session.windows[phase])
+        out += phases.throttle_warnings(phase, session.windows[phase])
     if c.recovery_rank_shift and session.checkpointer.source_rank() == session.rank:
         out.append("[WARNING] checkpoint.recovery_rank_shift=True shifts nothing here: all "
                    f"{session.size} ranks are on one node (the shift is by ranks per node), so every rank "
