@@ -16,7 +16,8 @@ either way), even negative ones, so it is not used.
 The projection: cores a node would spend at 12.4 GiB/s (the seeds' users' two
 192-vCPU nodes) and at 50 GiB/s (a 400 Gb/s link), CPU-s/GiB x GiB/s.
 
-  python bench/cpu_bench.py [--json bench/results/cpu_bench.json]
+  python bench/cpu_bench.py [--paths local,S3,...] [--json bench/results/cpu_bench.json]
+  python bench/cpu_bench.py --checkpoints 1 --layers 1 --hidden 64 --paths local,S3 --generation-gib 0.25  # smallest
 """
 from __future__ import annotations
 
@@ -59,20 +60,21 @@ def children_cpu() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def generation_only(gib: int = 2) -> float:
+def generation_only(gib: float = 2.0) -> float:
     """dgen-py alone, one thread, into a 32 MiB page-aligned buffer as the engine fills
     its chunks: the CPU-s per GiB every save spends before any storage client."""
     import dgen_py
 
     from dlio_ckpt_ext.engine.buffers import allocate
     view = memoryview(allocate(32 << 20))
-    gen = dgen_py.Generator(size=(gib + 1) << 30, seed=7, max_threads=1, chunk_size=32 << 20)
+    chunks = max(1, round(gib * 32))
+    gen = dgen_py.Generator(size=(chunks + 1) << 25, seed=7, max_threads=1, chunk_size=32 << 20)
     gen.fill_chunk(view)
     before = resource.getrusage(resource.RUSAGE_SELF)
-    for _ in range(gib * 32):
+    for _ in range(chunks):
         gen.fill_chunk(view)
     after = resource.getrusage(resource.RUSAGE_SELF)
-    return (after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime) / gib
+    return (after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime) / (chunks / 32)
 
 
 def run_ours(path: str, writes: int, reads: int, workdir: Path, server, tag: str, shape: list[str]) -> tuple[dict, float]:
@@ -128,12 +130,20 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--checkpoints", type=int, default=6, help="saves and loads of the measured runs")
     ap.add_argument("--layers", type=int, default=12, help="the tiny preset's layers (4: 0.29 GiB a checkpoint)")
+    ap.add_argument("--hidden", type=int, default=0, help="the tiny preset's hidden size (default: its own)")
+    ap.add_argument("--paths", default=",".join(PATHS), help="the paths measured, of: " + ", ".join(PATHS))
+    ap.add_argument("--generation-gib", type=float, default=2.0, help="GiB dgen-py generates alone")
     ap.add_argument("--json", help="save the table here (bench/results/cpu_bench.json)")
     ap.add_argument("--dir", help="scratch directory on the disk to measure (default: a temporary one here)")
     args = ap.parse_args()
+    paths = args.paths.split(",")
+    if set(paths) - set(PATHS):
+        ap.error(f"--paths takes some of {', '.join(PATHS)}, not {args.paths!r}")
     from dlio_ckpt_ext import layouts
     from dlio_ckpt_ext.submission.submit import Submission, effective_config
-    shape = [f"++workload.model.num_layers={args.layers}"]
+    shape = [f"++workload.model.num_layers={args.layers}"] + (
+        [f"++workload.model.transformer.hidden_size={args.hidden}",
+         f"++workload.model.transformer.ffn_hidden_size={args.hidden * 7 // 2}"] if args.hidden else [])
     cfg = effective_config(Submission("llama3_tiny_checkpoint", ["h"], 1, shape))
     sizes = [f.size for f in layouts.rank_plan(cfg.shape, cfg.parallelism, 1, 0).files]
     n = args.checkpoints
@@ -147,7 +157,7 @@ def main() -> int:
     server = start(workdir / "seaweedfs")
     try:
         create_bucket(server, BUCKET)
-        for path in PATHS:
+        for path in paths:
             record, job_cpu = run_ours(path, n, n, workdir, server, f"{len(figures)}-full", shape)
             raw = run_raw(path, sizes, n, workdir, server)
             figures[path] = {"ours": {p: record[p]["results"]["client_cpu"] for p in ("save", "load")},
@@ -165,7 +175,7 @@ def main() -> int:
     finally:
         server.stop()
         shutil.rmtree(workdir, ignore_errors=True)
-    figures["generation_only"] = gen = generation_only()
+    figures["generation_only"] = gen = generation_only(args.generation_gib)
     table.add("generation alone", "save", f"{gen:.3f}", "-", "-", "-", "-", f"{gen * 12.4:.1f} / {gen * 50:.1f}",
               "-")
     table.note("CPU-s/GiB: the rank's user + system CPU seconds inside the checkpoint windows per GiB moved "

@@ -37,12 +37,14 @@ from local_bench import disk_options, dlio_command, settle, shape  # noqa: E402
 from bench_table import BenchTable  # noqa: E402
 from pairs import OrderedRatios, check_pairs  # noqa: E402
 
-VENVS = {"2.0.0": ".venv", "upstream": ".venv-upstream", "mlcommons": ".venv-mlcommons"}
+#: each DLIO's environment (run_scripts/setup.sh); "this": the one running this bench (CI pairs it
+#: with itself, the smallest run of every path here)
+VENVS = {"2.0.0": ".venv", "upstream": ".venv-upstream", "mlcommons": ".venv-mlcommons", "this": ""}
 PHASES = ("save", "load")
 
 
 def venv_bin(dlio: str) -> Path:
-    path = REPO / VENVS[dlio] / "bin"
+    path = REPO / VENVS[dlio] / "bin" if VENVS[dlio] else Path(sys.executable).parent
     if not (path / "dlio_benchmark").exists():
         sys.exit(f"no environment for DLIO {dlio}: run run_scripts/setup.sh --dlio {dlio}")
     return path
@@ -86,7 +88,7 @@ def main() -> None:
     if unknown or len(dlios) < 2:
         ap.error(f"--dlios takes two or more of {', '.join(VENVS)}, not {args.dlios!r}")
     reference, others = dlios[0], dlios[1:]
-    model = shape(args.gib_per_rank, args.ranks)
+    model = shape(args.gib_per_rank, args.ranks, args.vocab, args.hidden)
     workdir = Path(tempfile.mkdtemp(prefix="dlio-bench-"))
     kept: dict[str, list[dict]] = {d: [] for d in dlios}
     table = BenchTable("dlio_bench", f"The same workload under each DLIO, paired with {reference}: {args.ranks} ranks, "
@@ -97,21 +99,23 @@ def main() -> None:
     for other in others:
         ratios = {k: OrderedRatios() for k in ("save", "load", "dlio_save", "dlio_load", "io_save", "io_load")}
         for i in range(args.pairs + 1):
-            order = (other, reference) if i % 2 == 0 else (reference, other)
+            # by side, not by name: a DLIO may be paired with itself
+            order = (("other", other), ("reference", reference)) if i % 2 == 0 else \
+                (("reference", reference), ("other", other))
             got = {}
-            for dlio in order:
+            for side, dlio in order:
                 settle(args.settle)
-                got[dlio] = run(args, dlio, args.ranks, model["hidden"], f"{other}-pair{i}-{dlio}", workdir)
-            print(f"  {other} / {reference} pair {i}{' (warm-up)' if i == 0 else ''}, {order[0]} first: "
-                  + "; ".join(f"{d} save {g['save']:.2f} load {g['load']:.2f} GiB/s, outside windows "
-                              f"{g['startup_s']:.1f} + {g['loop_s']:.2f} + {g['end_s']:.1f} s"
-                              for d, g in got.items()), flush=True)
+                got[side] = run(args, dlio, args.ranks, model["hidden"], f"{other}-pair{i}-{side}-{dlio}", workdir)
+            print(f"  {other} / {reference} pair {i}{' (warm-up)' if i == 0 else ''}, {order[0][1]} first: "
+                  + "; ".join(f"{dlio} save {got[side]['save']:.2f} load {got[side]['load']:.2f} GiB/s, outside "
+                              f"windows {got[side]['startup_s']:.1f} + {got[side]['loop_s']:.2f} + "
+                              f"{got[side]['end_s']:.1f} s" for side, dlio in order), flush=True)
             if i == 0:
                 continue
             for key, r in ratios.items():
-                r.add(order[0] == other, got[other][key] / got[reference][key])
-            for dlio in order:
-                kept[dlio].append(got[dlio])
+                r.add(order[0][0] == "other", got["other"][key] / got["reference"][key])
+            for side, dlio in order:
+                kept[dlio].append(got[side])
         print(f"{other} / {reference}, {args.ranks} ranks, per-rank files {[s >> 20 for s in model['sizes']]} MiB:\n"
               f"  our windows: save {ratios['save'].describe()}\n"
               f"               load {ratios['load'].describe()}\n"

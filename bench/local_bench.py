@@ -36,15 +36,20 @@ from pairs import OrderedRatios, check_pairs  # noqa: E402
 from remote_bench import BIN, GiB, HERE, mpirun, raw_result  # noqa: E402
 
 
-def shape(gib_per_rank: float, ranks: int) -> dict:
-    """A llama3-shaped model (ZeRO-3) whose shard is about gib_per_rank per rank."""
+#: the scaled model's vocabulary unless --vocab says otherwise
+VOCAB = 32000
+
+
+def shape(gib_per_rank: float, ranks: int, vocab: int = VOCAB, hidden: int = 0) -> dict:
+    """A llama3-shaped model (ZeRO-3) whose shard is about gib_per_rank per rank: the
+    smallest hidden size from 512 up in steps of 256, or `hidden` where given."""
     from dlio_ckpt_ext import layouts
     from dlio_ckpt_ext.shared_plans import plan
-    hidden = 512
+    fixed, hidden = hidden > 0, hidden or 512
     while True:
-        m = plan.ModelShape(2, hidden, hidden * 7 // 2, 32000, 8, 2, "fp16", "fp32")
+        m = plan.ModelShape(2, hidden, hidden * 7 // 2, vocab, 8, 2, "fp16", "fp32")
         per_rank = layouts.checkpoint_bytes(m, plan.Parallelism(1, 1, 3), ranks) / ranks
-        if per_rank >= gib_per_rank * GiB:
+        if fixed or per_rank >= gib_per_rank * GiB:
             return {"hidden": hidden, "sizes": [f.size for f in layouts.rank_plan(m, plan.Parallelism(1, 1, 3), ranks,
                                                                                    0).files]}
         hidden += 256
@@ -68,10 +73,20 @@ def dlio_command(args, hidden: int, out: Path, bin_dir: Path = BIN) -> list[str]
             f"++workload.output.folder={out}",
             f"++workload.checkpoint.num_checkpoints_write={args.writes}",
             f"++workload.checkpoint.num_checkpoints_read={args.reads}",
-            "++workload.checkpoint.keep_files=False", "++workload.model.num_layers=2",
-            f"++workload.model.transformer.hidden_size={hidden}",
+            "++workload.checkpoint.keep_files=False", *model_overrides(hidden, args.vocab)]
+
+
+def model_overrides(hidden: int, vocab: int) -> list[str]:
+    """The tiny preset scaled to shape()'s model."""
+    return ["++workload.model.num_layers=2", f"++workload.model.transformer.hidden_size={hidden}",
             f"++workload.model.transformer.ffn_hidden_size={hidden * 7 // 2}",
-            "++workload.model.transformer.vocab_size=32000"]
+            f"++workload.model.transformer.vocab_size={vocab}"]
+
+
+def scaled_model_options(ap: argparse.ArgumentParser) -> None:
+    """The scaled model's size beyond --gib-per-rank (the smallest run: --hidden 64 --vocab 1024)."""
+    ap.add_argument("--hidden", type=int, default=0, help="the model's hidden size (default: from --gib-per-rank)")
+    ap.add_argument("--vocab", type=int, default=VOCAB, help="the model's vocabulary")
 
 
 def run_ours(args, ranks: int, hidden: int, tag: str, workdir: Path) -> dict:
@@ -104,6 +119,7 @@ def disk_options(ap: argparse.ArgumentParser, settle: float, checkpoints: int) -
     ap.add_argument("--writes", type=int, default=checkpoints)
     ap.add_argument("--reads", type=int, default=checkpoints)
     ap.add_argument("--gib-per-rank", type=float, default=1.0)
+    scaled_model_options(ap)
     ap.add_argument("--json", help="also save the table here (bench/results/NAME.json for the docs)")
 
 
@@ -120,7 +136,7 @@ def main() -> None:
                        ["ranks", "save ours / raw", "load ours / raw", "raw save / load GiB/s",
                         "generation margin (min)", "generation-bound chunks", "peak RSS per rank ours (raw)"])
     for ranks in (int(r) for r in args.ranks.split(",")):
-        model = shape(args.gib_per_rank, ranks)
+        model = shape(args.gib_per_rank, ranks, args.vocab, args.hidden)
         ratios = {"save": OrderedRatios(), "load": OrderedRatios()}
         ours_all, raw_all = [], []
         for i in range(args.pairs + 1):

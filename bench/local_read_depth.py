@@ -3,7 +3,7 @@
 read in flight per rank? With --writes, the same question for O_DIRECT writes
 (pwrite of unique bytes from threads over contiguous ranges, fsync at the end).
 
-    python bench/local_read_depth.py DIR [--rounds 3] [--writes]
+    python bench/local_read_depth.py DIR [--rounds 3] [--writes] [--mib 2048]
 """
 from __future__ import annotations
 
@@ -86,17 +86,22 @@ def writes(args) -> None:
         for i, case in enumerate(WRITE_CASES if r % 2 == 0 else WRITE_CASES[::-1]):
             content.refill(seed=r * 100 + i)  # unique bytes each time: this disk writes repeats slower
             rates[case].append(write_rate(os.path.join(args.dir, "write_depth.bin"), content.file(0), *case))
-    report(args, "write", rates, "1 GiB file, unique bytes from threads, fsync at the end")
+    report(args, "write", rates, f"{SIZE // 2 >> 20} MiB file, unique bytes from threads, fsync at the end")
 
 
 def main() -> None:
+    global SIZE
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("dir")
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--writes", action="store_true", help="measure writes (1 GiB file) instead of reads")
+    ap.add_argument("--writes", action="store_true", help="measure writes (half the file) instead of reads")
+    ap.add_argument("--mib", type=int, default=SIZE >> 20, help="the file's MiB (a multiple of 64)")
     ap.add_argument("--json", help="also save the table here (bench/results/local_read_depth-reads.json or "
                                    "-writes.json for the docs)")
     args = ap.parse_args()
+    if args.mib < 64 or args.mib % 64:
+        ap.error("--mib takes a multiple of 64")
+    SIZE = args.mib << 20
     if args.writes:
         writes(args)
         return
@@ -107,7 +112,7 @@ def main() -> None:
         for case in (CASES if r % 2 == 0 else CASES[::-1]):
             rates[case].append(read_rate(path, *case))
     os.unlink(path)
-    report(args, "read", rates, "2 GiB file, threads issuing `preadv`")
+    report(args, "read", rates, f"{SIZE >> 20} MiB file, threads issuing `preadv`")
 
 
 def report(args, what: str, rates: dict[tuple[int, int], list[float]], setting: str) -> None:

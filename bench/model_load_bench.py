@@ -3,6 +3,7 @@ published shards, in one run.
 
     python bench/model_load_bench.py [--install] [--storage local,s3] [--pairs 4]
         [--json bench/results/model_load_bench.json]
+    python bench/model_load_bench.py --ours-only --layers 1 --hidden 256 --shard-mb 4 --link ''  # CI's, no loaders
 
 The real loaders are not our dependencies: `--install` puts them into this
 Python's environment first (torch 2.13.0, which this machine's pip takes from
@@ -177,6 +178,8 @@ def main() -> None:
     ap.add_argument("--tensor-parallel", type=int, default=2, help="the replica's ranks (ours reads rank 0's part)")
     ap.add_argument("--link", default="10:40", help="latency_ms:MB_per_s per connection of the emulated link "
                                                      "in front of SeaweedFS ('' for none)")
+    ap.add_argument("--ours-only", action="store_true", help="our patterns alone, no real loader (they need torch): "
+                    "every path but the comparison, as CI runs it")
     ap.add_argument("--reads", help="MiB:in-flight for our patterns instead of the loaders' defaults")
     ap.add_argument("--dir", help="scratch directory on the disk to measure (default: a temporary one)")
     ap.add_argument("--json", help="also save the table here (bench/results/model_load_bench.json for the docs)")
@@ -206,15 +209,19 @@ def main() -> None:
             try:
                 shards = publish(args, root, storage_type)
                 folder = f"{root}/models/publish-1"
-                cases = []
-                if storage == "local":
-                    cases.append(("safetensors", "safetensors library (vLLM's calls)",
-                                  safetensors_library(args, Path(folder), shards)))
                 paths = [f"{folder}/{s}" for s in shards]
-                cases.append(("runai", "runai-model-streamer", runai_streamer(paths, storage == "local")))
+                # each loader made only where it runs: importing one needs torch
+                cases = [("safetensors", "safetensors library (vLLM's calls)",
+                          lambda: safetensors_library(args, Path(folder), shards))] if storage == "local" else []
+                cases.append(("runai", "runai-model-streamer", lambda: runai_streamer(paths, storage == "local")))
                 counts = (lambda: server_gets(server)) if server else None
                 for pattern, loader, theirs in cases:
-                    r = pairs(args, f"{where} {pattern}", ours(args, root, storage_type, pattern), theirs, counts)
+                    if args.ours_only:
+                        seconds, n = ours(args, root, storage_type, pattern)()
+                        figures[f"{storage}: {pattern}"] = {"ours_bytes": n, "ours_gib_s": n / GiB / seconds}
+                        table.add(where, pattern, "none (--ours-only)", f"{n} / -", "-", "-", "0.9-1.1")
+                        continue
+                    r = pairs(args, f"{where} {pattern}", ours(args, root, storage_type, pattern), theirs(), counts)
                     figures[f"{storage}: {pattern}"] = {**r, "ratio": r["ratio"].describe()}
                     gets = f"{r['gets']['ours']} / {r['gets']['loader']}" if counts else "n/a"
                     table.add(where, pattern, loader, f"{r['ours_bytes']} / {r['loader_bytes']}", gets,

@@ -208,8 +208,8 @@ def main() -> None:
             if storage == "remote":
                 server = seaweedfs(workdir / "server", args.link, BUCKET)
                 link = link_of(args.link)
-                root, storage_type, where = f"s3://{BUCKET}", "s3", f"remote ({link.latency_ms:g} ms, " \
-                    f"{link.rate_mb_s:g} MB/s)"
+                root, storage_type = f"s3://{BUCKET}", "s3"
+                where = f"remote ({link.latency_ms:g} ms, {link.rate_mb_s:g} MB/s)" if link else "S3 on loopback"
             else:
                 root, storage_type, where = str(workdir / "local"), "local_fs", "local disk, O_DIRECT"
             try:

@@ -35,7 +35,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_table import BenchTable  # noqa: E402
-from local_bench import SHARED_DIR, settle, shape  # noqa: E402
+from local_bench import SHARED_DIR, scaled_model_options, model_overrides, settle, shape  # noqa: E402
 from pairs import OrderedRatios, check_pairs  # noqa: E402
 from remote_bench import BIN, mpirun  # noqa: E402
 
@@ -63,8 +63,7 @@ def run(args, hidden: int, priority: str, tag: str) -> dict:
         str(BIN / "dlio_benchmark"), "workload=llama3_tiny_checkpoint", f"++workload.output.folder={out}",
         f"++workload.checkpoint.checkpoint_folder={base / SHARED_DIR}", "++workload.checkpoint.keep_files=False",
         f"++workload.checkpoint.num_checkpoints_write={args.writes}", "++workload.checkpoint.num_checkpoints_read=0",
-        "++workload.model.num_layers=2", f"++workload.model.transformer.hidden_size={hidden}",
-        f"++workload.model.transformer.ffn_hidden_size={hidden * 7 // 2}", "++workload.model.transformer.vocab_size=32000",
+        *model_overrides(hidden, args.vocab),
         f"++workload.tiers.local_root={base / 'local'}", "++workload.tiers.persistent_every=2",
         "++workload.tiers.replication_jump=1", "++workload.tiers.interval_s=600",
         f"++workload.tiers.persistent_nice={nice}", f"++workload.tiers.persistent_io={io_class}"]
@@ -93,11 +92,12 @@ def main() -> None:
     ap.add_argument("--gib-per-rank", type=float, default=0.25, help="each rank's part of a checkpoint")
     ap.add_argument("--writes", type=int, default=8, help="checkpoints per run (every second one persistent)")
     ap.add_argument("--settle", type=float, default=5.0, help="seconds of idle disk before every run")
+    scaled_model_options(ap)
     ap.add_argument("--json", help="also save the table here (bench/results/NAME.json for the docs)")
     args = ap.parse_args()
     check_pairs(ap, args.pairs)
     Path(args.dir).mkdir(parents=True, exist_ok=True)
-    hidden = shape(args.gib_per_rank, args.ranks)["hidden"]
+    hidden = shape(args.gib_per_rank, args.ranks, args.vocab, args.hidden)["hidden"]
     run(args, hidden, "normal", "warm-normal")
     run(args, hidden, "idle", "warm-idle")
     results: dict[str, list[dict]] = {p: [] for p in PRIORITIES}

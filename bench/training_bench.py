@@ -30,7 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_table import BenchTable  # noqa: E402
-from local_bench import SHARED_DIR, settle, shape  # noqa: E402
+from local_bench import SHARED_DIR, scaled_model_options, model_overrides, settle, shape  # noqa: E402
 from remote_bench import BIN, mpirun  # noqa: E402
 
 MODES = {"none": ["++workload.workflow.checkpoint=False"],
@@ -57,9 +57,7 @@ def run(args, hidden: int, mode: str, tag: str) -> dict:
         "++workload.reader.data_loader=tensorflow", "++workload.reader.batch_size=2", "++workload.train.epochs=1",
         f"++workload.train.computation_time={args.compute}",
         f"++workload.checkpoint.steps_between_checkpoints={args.every}",
-        "++workload.model.num_layers=2", f"++workload.model.transformer.hidden_size={hidden}",
-        f"++workload.model.transformer.ffn_hidden_size={hidden * 7 // 2}",
-        "++workload.model.transformer.vocab_size=32000", *MODES[mode], *extra]
+        *model_overrides(hidden, args.vocab), *MODES[mode], *extra]
     res = subprocess.run(cmd, capture_output=True, text=True, cwd=base)
     if res.returncode:
         sys.exit(f"run {tag} failed:\n{res.stdout[-2000:]}\n{res.stderr[-2000:]}")
@@ -81,12 +79,16 @@ def main() -> None:
     ap.add_argument("--every", type=int, default=4, help="steps between checkpoints")
     ap.add_argument("--compute", type=float, default=0.05, help="DLIO's computation time a step (s)")
     ap.add_argument("--settle", type=float, default=3.0, help="seconds of idle disk before every run")
+    ap.add_argument("--modes", default=",".join(MODES), help="the ways of saving run beside none (none always runs)")
+    scaled_model_options(ap)
     ap.add_argument("--json", help="also save the table here (bench/results/NAME.json for the docs)")
     args = ap.parse_args()
+    modes = list(dict.fromkeys(["none", *args.modes.split(",")]))
+    if set(modes) - set(MODES):
+        ap.error(f"--modes takes some of {', '.join(MODES)}, not {args.modes!r}")
     Path(args.dir).mkdir(parents=True, exist_ok=True)
     shutil.rmtree(Path(args.dir) / "data", ignore_errors=True)
-    hidden = shape(args.gib_per_rank, args.ranks)["hidden"]
-    modes = list(MODES)
+    hidden = shape(args.gib_per_rank, args.ranks, args.vocab, args.hidden)["hidden"]
     for mode in modes:
         run(args, hidden, mode, f"warm-{mode}")
     results: dict[str, list[dict]] = {m: [] for m in modes}

@@ -9,8 +9,9 @@ first attribute it takes from TensorFlow imports the real one. The install check
 imported at start.
 
 dftracer's Profile() walks every loaded module's __file__ (inspect.stack) at
-import, so the stand-in answers the module's identity itself and imports
-TensorFlow for anything else.
+import, and a check that TensorFlow is installed (importlib.util.find_spec)
+reads its __spec__: the stand-in answers the module's identity itself and
+imports TensorFlow for anything else.
 """
 import importlib
 import importlib.util
@@ -37,7 +38,7 @@ def _defer() -> None:
     if spec is None or spec.origin is None:
         return
     stand_in = _Deferred(NAME)
-    stand_in.__file__ = spec.origin
+    stand_in.__file__, stand_in.__spec__ = spec.origin, spec
     sys.modules[NAME] = stand_in
 
 
