@@ -30,6 +30,19 @@ def start_server(kind: str, data_dir: Path, request_log: bool = False, external_
     return server
 
 
+def serving(kind: str, data_dir: Path):
+    """A module fixture's body: the server started, its SDK environment set for the module,
+    then both undone."""
+    from s3_server import retire
+    server = start_server(kind, data_dir)
+    saved = dict(os.environ)
+    os.environ.update(server.env())
+    yield server
+    os.environ.clear()
+    os.environ.update(saved)
+    retire(server)
+
+
 class Objects:
     """What a container or bucket holds, read with the cloud's own SDK."""
 

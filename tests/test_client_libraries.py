@@ -191,18 +191,10 @@ def test_a_library_holding_whole_files_is_counted_and_a_plan_past_the_memory_is_
 @pytest.fixture(scope="module")
 def gcs(tmp_path_factory):
     """fake-gcs-server with bucket ckpt, its SDK environment set for the module."""
-    import os
-    from cloud_servers import needs, start_server
-    from s3_server import retire
+    from cloud_servers import needs, serving
     if needs("gs").args[0]:
         pytest.skip(needs("gs").kwargs["reason"])
-    server = start_server("gs", tmp_path_factory.mktemp("gs-data"))
-    saved = dict(os.environ)
-    os.environ.update(server.env())
-    yield server
-    os.environ.clear()
-    os.environ.update(saved)
-    retire(server)
+    yield from serving("gs", tmp_path_factory.mktemp("gs-data"))
 
 
 def test_on_gs_tensorstore_writes_through_its_gcs_kvstore_and_the_others_are_refused(gcs):

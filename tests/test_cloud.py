@@ -7,8 +7,7 @@ import sys
 
 import pytest
 
-from cloud_servers import CONTAINER, KINDS, Objects, needs, start_server
-from s3_server import retire
+from cloud_servers import CONTAINER, KINDS, Objects, needs, serving
 from dlio_ckpt_ext.engine import BufferPool, ContentSpec, derive_seed, load_file, save_file
 from dlio_ckpt_ext.errors import ConfigError, StorageError, VerificationError
 from dlio_ckpt_ext.storage import open_backend
@@ -19,13 +18,7 @@ MiB = 1 << 20
 
 @pytest.fixture(scope="module", params=[pytest.param(k, marks=needs(k)) for k in KINDS])
 def cloud(request, tmp_path_factory):
-    server = start_server(request.param, tmp_path_factory.mktemp(f"{request.param}-data"))
-    saved = dict(os.environ)
-    os.environ.update(server.env())
-    yield server
-    os.environ.clear()
-    os.environ.update(saved)
-    retire(server)
+    yield from serving(request.param, tmp_path_factory.mktemp(f"{request.param}-data"))
 
 
 @pytest.fixture(scope="module")

@@ -5,9 +5,12 @@ a heartbeat it renews every HEARTBEAT_S) before any checkpoint I/O. A folder
 whose marker is another live run's is refused in one line naming the folder and
 that run. A marker is stale, and taken over with a warning, when its pid is not
 running on this host or its heartbeat is older than STALE_AFTER_S (a crashed
-run, on any host). Object stores have no create-if-absent every server honours,
-so a claim is written, left to settle, then read back: of two runs claiming at
-once, only the last writer reads its own id and goes on.
+run, on any host). A file system creates a marker only where there is none in
+one step (a hard link to its name), so of two runs claiming at once the first
+goes on. Object stores have no create-if-absent every server honours, so there
+(and where a stale marker is taken over) a claim is written, left to settle,
+then read back: of two runs claiming at once, only the last writer reads its
+own id and goes on.
 """
 from __future__ import annotations
 
@@ -24,7 +27,7 @@ from typing import Callable, Optional
 
 from dlio_ckpt_ext.errors import ConfigError
 from dlio_ckpt_ext.result_files import OWNER_FILE
-from dlio_ckpt_ext.storage.posix import read_marker_file, write_marker_file
+from dlio_ckpt_ext.storage.posix import create_marker_file, read_marker_file, write_marker_file
 
 HEARTBEAT_S = 10.0
 STALE_AFTER_S = 3 * HEARTBEAT_S
@@ -41,6 +44,8 @@ class Folder:
     write: Callable[[bytes], None]
     read: Callable[[], Optional[bytes]]
     remove: Callable[[], object]
+    #: create-if-absent in one step: True created, False one was there, None no such step here
+    create: Callable[[bytes], Optional[bool]] = lambda data: None
 
 
 def _pid_alive(pid: int) -> bool:
@@ -99,8 +104,11 @@ class Lease:
                                                             "using it; wait for it, or choose another folder)")
             warnings.append(f"[WARNING] {folder.key}={folder.value!r}: taking over from {_who(current, now)}: "
                             f"its marker is stale ({reason}; a run that did not finish, see dlio-ckpt-report status)")
-        folder.write(self._payload())
-        time.sleep(SETTLE_S)
+        created = None if current else folder.create(self._payload())
+        # False: another run created it since we looked (refused below), unless what is there is unreadable
+        if created is None or (created is False and not _parse(folder.read())):
+            folder.write(self._payload())  # no atomic create here, or a stale marker: write, settle, read back
+            time.sleep(SETTLE_S)
         back = _parse(folder.read())
         if back.get("run_id") != self.me["run_id"]:
             raise ConfigError(folder.key, folder.value, f"a folder no live run uses ({_who(back, time.time())} "
@@ -157,11 +165,12 @@ def _folder(session, which: str) -> Folder:
     if which == "output":
         marker = os.path.join(session.output_folder, OWNER_FILE)
         return Folder("workload.output.folder", session.output_folder, lambda d: write_marker_file(marker, d),
-                      lambda: read_marker_file(marker), lambda: os.unlink(marker))
+                      lambda: read_marker_file(marker), lambda: os.unlink(marker),
+                      lambda d: create_marker_file(marker, d))
     backend = session.checkpointer.backend
     return Folder("workload.checkpoint.checkpoint_folder", backend.uri("").rstrip("/"),
                   lambda d: backend.write_marker(OWNER_FILE, d), lambda: backend.read_marker(OWNER_FILE),
-                  lambda: backend.delete_file(OWNER_FILE))
+                  lambda: backend.delete_file(OWNER_FILE), lambda d: backend.create_marker(OWNER_FILE, d))
 
 
 def claim_folders(session, which: str) -> None:

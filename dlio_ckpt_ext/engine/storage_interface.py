@@ -147,6 +147,12 @@ class Backend(ABC):
         """A small file's bytes, or None when there is none."""
         raise NotImplementedError
 
+    def create_marker(self, path: str, data: bytes) -> Optional[bool]:
+        """A small file created only where there is none, in one atomic step: True when
+        created, False when one was there; None where the storage has no such step
+        (object stores: not every server honours a conditional create)."""
+        return None
+
     def exists(self, path: str) -> bool:
         """Whether file `path` is there: one stat or HEAD, as a framework probes a commit marker."""
         raise NotImplementedError

@@ -2,6 +2,7 @@
 buffered (+ fadvise) reads."""
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import os
@@ -200,6 +201,28 @@ def write_marker_file(path: str, data: bytes) -> None:
         raise _os_error(path, "cannot write", exc) from exc
 
 
+def create_marker_file(path: str, data: bytes) -> Optional[bool]:
+    """Written beside, then linked to its name, which fails where the name exists: True
+    when created, False when a file was there, None where the file system has no hard
+    links (then only a write and a read back can tell)."""
+    tmp = f"{path}.{os.getpid()}.tmp"
+    try:
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+        os.link(tmp, path)
+        return True
+    except FileExistsError:
+        return False
+    except OSError as exc:
+        if exc.errno in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS):
+            return None
+        raise _os_error(path, "cannot write", exc) from exc
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+
+
 def read_marker_file(path: str) -> Optional[bytes]:
     try:
         with open(path, "rb") as fh:
@@ -252,6 +275,9 @@ class PosixBackend(Backend):
 
     def read_marker(self, path: str) -> Optional[bytes]:
         return read_marker_file(self._path(path))
+
+    def create_marker(self, path: str, data: bytes) -> Optional[bool]:
+        return create_marker_file(self._path(path), data)
 
     def exists(self, path: str) -> bool:
         return os.path.isfile(self._path(path))
