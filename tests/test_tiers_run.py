@@ -53,7 +53,7 @@ class IterationWatch:
                     names = os.listdir(folder)
                 except OSError:
                     continue
-                self.most = max(self.most, len({n.split("_")[1] for n in names}))
+                self.most = max(self.most, len({n.split("_")[1] for n in names if n.startswith("iter_")}))
                 self.dirty |= {n for n in names if ".dirty." in n}
 
     def stop(self) -> None:
