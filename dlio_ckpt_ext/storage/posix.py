@@ -189,14 +189,22 @@ def entries(path: str) -> list[str]:
         return []
 
 
+def _beside(path: str) -> str:
+    return f"{path}.{os.getpid()}.tmp"
+
+
+def _written_beside(path: str, data: bytes) -> str:
+    """A marker's bytes in a file beside its name, for the caller to put in place."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(_beside(path), "wb") as fh:
+        fh.write(data)
+    return _beside(path)
+
+
 def write_marker_file(path: str, data: bytes) -> None:
     """Written beside, then renamed over: a reader sees the old marker or the new one."""
-    tmp = f"{path}.{os.getpid()}.tmp"
     try:
-        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-        with open(tmp, "wb") as fh:
-            fh.write(data)
-        os.replace(tmp, path)
+        os.replace(_written_beside(path, data), path)
     except OSError as exc:
         raise _os_error(path, "cannot write", exc) from exc
 
@@ -205,12 +213,8 @@ def create_marker_file(path: str, data: bytes) -> Optional[bool]:
     """Written beside, then linked to its name, which fails where the name exists: True
     when created, False when a file was there, None where the file system has no hard
     links (then only a write and a read back can tell)."""
-    tmp = f"{path}.{os.getpid()}.tmp"
     try:
-        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-        with open(tmp, "wb") as fh:
-            fh.write(data)
-        os.link(tmp, path)
+        os.link(_written_beside(path, data), path)
         return True
     except FileExistsError:
         return False
@@ -220,7 +224,7 @@ def create_marker_file(path: str, data: bytes) -> Optional[bool]:
         raise _os_error(path, "cannot write", exc) from exc
     finally:
         with contextlib.suppress(OSError):
-            os.unlink(tmp)
+            os.unlink(_beside(path))
 
 
 def read_marker_file(path: str) -> Optional[bytes]:
